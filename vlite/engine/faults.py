@@ -1,0 +1,40 @@
+"""Planted faults: known defects the leak checker must find. Never on by default.
+
+Each fault lives inside the engine's real code path (block manager free, scheduler abort and
+preemption), guarded by ``FaultSet.active(name)``, so the leak checker is tested against the
+same code that serves requests.
+"""
+
+from __future__ import annotations
+
+FAULTS: dict[str, str] = {
+    "skip-free-on-abort": "the abort/disconnect path raises before releasing blocks (ref_count stays 1)",
+    "leak-on-preempt": "recompute preemption forgets to free the preempted sequence's blocks",
+    "orphan-block-table": "free releases the blocks but keeps the sequence's block table entry",
+    "double-free": "free releases a sequence's last block twice (ref_count goes below 0)",
+    "raise-in-step": "the model runner raises for a request whose client tag is 'raise-in-step'",
+}
+
+
+class PlantedFault(RuntimeError):
+    """Raised by a planted fault, to mimic an exception that skips cleanup."""
+
+
+class FaultSet:
+    """The set of planted faults enabled for one engine.
+
+    Raises:
+        ValueError: an unknown fault name (the message lists the known ones).
+    """
+
+    def __init__(self, names: tuple[str, ...] | list[str] = ()) -> None:
+        unknown = [n for n in names if n not in FAULTS]
+        if unknown:
+            raise ValueError(f"unknown fault {unknown[0]!r}; known faults: {', '.join(FAULTS)}")
+        self.names = frozenset(names)
+
+    def active(self, name: str) -> bool:
+        return name in self.names
+
+    def __bool__(self) -> bool:
+        return bool(self.names)

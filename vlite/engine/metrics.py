@@ -1,0 +1,54 @@
+"""Engine statistics with vLLM-compatible meaning, and the ``--log-stats`` line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlite.engine.block_manager import BlockStats
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A read-only snapshot for metrics and diagnostics.
+
+    kv_cache_usage is a fraction 0..1 (vLLM's ``kv_cache_usage_perc``). Token totals count
+    since engine start; num_live_requests counts the scheduler's per-request entries.
+    """
+
+    step: int
+    num_running: int
+    num_waiting: int
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_live_requests: int
+    blocks: BlockStats
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.blocks.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.blocks.num_total_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.blocks.num_used_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.blocks.num_cached_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.blocks.kv_cache_usage
+
+
+def format_log_stats(stats: EngineStats, prompt_throughput: float, generation_throughput: float) -> str:
+    """One line in the shape of vLLM's periodic stats log (throughputs in tokens/s)."""
+    return (f"Avg prompt throughput: {prompt_throughput:.1f} tokens/s, "
+            f"Avg generation throughput: {generation_throughput:.1f} tokens/s, "
+            f"Running: {stats.num_running} reqs, Waiting: {stats.num_waiting} reqs, "
+            f"GPU KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
+            f"Free blocks: {stats.num_free_blocks}/{stats.num_total_blocks}")

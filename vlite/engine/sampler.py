@@ -1,0 +1,95 @@
+"""Batched sampling: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds.
+
+Logit processing follows vLLM's sampler order: penalties (repetition as in CTRL, Keskar et al.
+2019; presence/frequency as the OpenAI API reference defines them), min_tokens masking,
+temperature, then top-k / top-p / min-p truncation, then sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlite.engine.sequence import Sequence
+
+
+@dataclass
+class SamplerOutput:
+    """token_ids: one sampled id per row. logprobs: per row, {token_id: logprob} for the sampled
+    token and the top ``logprobs`` tokens, or None when not requested."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+    p = seq.sampling_params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.all_token_ids)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and seq.output_token_ids:
+        out = torch.tensor(seq.output_token_ids, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(out, minlength=logits.shape[-1]).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Mask tokens outside top-k / nucleus top-p / min-p with -inf. logits: [V] float32."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # keep a token while the mass before it is < top_p (the top token is always kept)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> SamplerOutput:
+    """Pick the next token of each sequence.
+
+    Args:
+        logits: [N, vocab] float32, row i for ``seqs[i]`` (modified in place).
+        seqs: the sequences that sample this step.
+        generator: used by rows whose request has no seed.
+    """
+    token_ids: list[int] = []
+    logprobs: list[dict[int, float] | None] = []
+    if all(s.sampling_params.greedy and not s.sampling_params.uses_penalties
+           and s.num_output_tokens >= s.sampling_params.min_tokens and s.sampling_params.logprobs is None
+           for s in seqs):
+        return SamplerOutput(logits.argmax(-1).tolist(), [None] * len(seqs))
+    for i, seq in enumerate(seqs):
+        p = seq.sampling_params
+        row = logits[i]
+        _apply_penalties(row, seq)
+        if seq.num_output_tokens < p.min_tokens:
+            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids))
+            if banned:
+                row[torch.tensor(banned, dtype=torch.long, device=row.device)] = float("-inf")
+        if p.greedy:
+            token = int(row.argmax())
+        else:
+            row = _truncate(row / p.temperature, p.top_k, p.top_p, p.min_p)
+            probs = row.softmax(-1)
+            # Exponential race (Gumbel-max in probability space): argmax(p / E), E ~ Exp(1).
+            noise = torch.empty_like(probs).exponential_(1.0, generator=seq.generator or generator)
+            token = int((probs / noise).argmax())
+        token_ids.append(token)
+        if p.logprobs is not None:
+            lp = row.log_softmax(-1)
+            entry = {token: float(lp[token])}
+            if p.logprobs:
+                top = torch.topk(lp, p.logprobs)
+                entry.update(zip(top.indices.tolist(), top.values.tolist()))
+            logprobs.append(entry)
+        else:
+            logprobs.append(None)
+    return SamplerOutput(token_ids, logprobs)

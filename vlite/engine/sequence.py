@@ -1,0 +1,122 @@
+"""Requests as the scheduler sees them: Sequence, its status, origin and finish reason."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from vlite.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is. PREEMPTED sequences sit in the waiting queue to be recomputed."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended; values are the OpenAI/vLLM ``finish_reason`` strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class RequestOrigin:
+    """Who sent a request and how, so a leaked block can be traced back to it.
+
+    request_id: the client's or server's id (``X-Request-Id`` over HTTP).
+    arrival_time: ``time.time()`` when the engine received it, seconds.
+    route: the entry point ("generate", "/v1/completions", "leak-check", ...).
+    client_tag: free-form label given by the caller.
+    client_action: what the client did, for the leak report ("complete",
+        "disconnect after 3 chunks", ...); None when unknown.
+    """
+
+    request_id: str
+    arrival_time: float = field(default_factory=time.time)
+    route: str = "api"
+    client_tag: str | None = None
+    client_action: str | None = None
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """One generated sequence: its tokens, progress, sampling state and origin.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; the tokens still to
+    run are ``all_token_ids[num_computed_tokens:]``. Recompute preemption resets it to 0.
+    """
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, origin: RequestOrigin,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.seq_id: int = next(_seq_counter)
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[dict[int, float]] = []
+        self.sampling_params = sampling_params
+        self.origin = origin
+        self.eos_token_ids = eos_token_ids
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        self.arrival_time = origin.arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished_time: float | None = None
+        # Per-request generator: the same seed gives the same samples in any batch.
+        self.generator: torch.Generator | None = None
+        if sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        # Detokenizer state (see detokenizer.py).
+        self.output_text = ""
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.tokens_text: list[str] = []
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        """True while the prompt (or a recompute after preemption) is still being run."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def __repr__(self) -> str:
+        return (f"Sequence(seq_id={self.seq_id}, request_id={self.request_id!r}, status={self.status.value}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")

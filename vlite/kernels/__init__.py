@@ -1,0 +1,1 @@
+"""Attention and KV-cache kernels: torch implementations (CPU) and Triton (CUDA)."""
