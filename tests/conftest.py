@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny random Llama-family models built in-process, and the real SmolLM2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_tiny_model_dir(out: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a tiny random model of ``arch`` (llama | qwen2 | mistral) with SmolLM2's tokenizer.
+
+    The weights use a large init scale so that greedy logits have clear winners (near-ties
+    would make float32 token-for-token comparisons flaky for reasons unrelated to vlite).
+    """
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    tokenizer = smollm2_tokenizer()
+    common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  initializer_range=0.3, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.eos_token_id)
+    common.update(overrides)
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "mistral": (MistralConfig, MistralForCausalLM)}
+    cfg_cls, model_cls = classes[arch]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**common)).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+_TOKENIZER = None
+
+
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer from vlite's conversion cache (converted once per machine)."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from transformers import AutoTokenizer
+
+        from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+
+        _TOKENIZER = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
+    return _TOKENIZER
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_model_dir):
+    from vlite.engine.loader import load_checkpoint
+
+    return load_checkpoint(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+
+    return load_checkpoint(DEFAULT_MODEL)
+
+
+def make_engine(checkpoint, *, num_blocks: int | None = 64, block_size: int = 16, max_num_batched_tokens: int = 2048,
+                max_num_seqs: int = 128, max_model_len: int | None = None, faults: tuple[str, ...] = (),
+                dtype: str = "float32"):
+    """An LLMEngine on an already loaded checkpoint (no disk reads)."""
+    from vlite.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from vlite.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(
+        model=str(checkpoint.path), dtype=dtype, device="cpu", inject_faults=faults,
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                  max_model_len=max_model_len))
+    return LLMEngine(config, checkpoint=checkpoint)

@@ -1,0 +1,54 @@
+"""The ``vlite`` command: one Typer app, one module per subcommand."""
+
+from __future__ import annotations
+
+import typer
+
+from vlite import __version__
+from vlite.cli import generate
+
+app = typer.Typer(
+    name="vlite",
+    help="A readable paged-KV-cache LLM server that diagnoses KV-cache and memory leaks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vlite {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """vlite: vLLM's design in a few thousand readable lines."""
+
+
+app.command("generate")(generate.generate)
+
+
+def _register_optional() -> None:
+    import importlib
+
+    for module, name in (("vlite.cli.serve", "serve"), ("vlite.cli.leak_check", "leak-check")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        app.command(name)(getattr(mod, name.replace("-", "_")))
+    try:
+        bench = importlib.import_module("vlite.cli.bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "vlite.cli.bench":
+            raise
+    else:
+        app.add_typer(bench.app, name="bench")
+
+
+_register_optional()
