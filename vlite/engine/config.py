@@ -77,6 +77,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     inject_faults: tuple[str, ...] = ()
+    # The allocation ledger is always on in production; off only to measure its cost.
+    enable_ledger: bool = True
     # Finished requests remembered for leak attribution (bounded, oldest dropped first).
     finished_history: int = 10_000
 

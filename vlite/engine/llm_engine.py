@@ -113,7 +113,8 @@ class LLMEngine:
         self.block_size = cache.block_size
         self.bytes_per_block = kv_cache_bytes_per_block(self.model, cache.block_size, self.dtype)
         num_blocks = cache.num_blocks or self._size_kv_cache()
-        self.block_manager = BlockManager(num_blocks, cache.block_size, faults=self.faults)
+        self.block_manager = BlockManager(num_blocks, cache.block_size, enable_ledger=config.enable_ledger,
+                                          faults=self.faults)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults)
         self.model_runner = ModelRunner(self.model, num_blocks, cache.block_size, self.device, self.dtype,
                                         self.faults, seed=config.seed)
