@@ -432,3 +432,19 @@ class LLMEngine:
 
     def ref_counts(self) -> list[int]:
         return self.block_manager.ref_counts()
+
+    def request_progress(self, request_id: str) -> dict[str, int | str] | None:
+        """Where a live request is, for clients that inject aborts at a given phase.
+
+        Returns None if no live request has that id; else ``status`` (waiting | running |
+        preempted | finished), ``seq_id``, and token counts ``num_prompt_tokens``,
+        ``num_computed_tokens`` (K/V in the cache), ``num_output_tokens``, plus
+        ``num_preemptions`` and ``num_blocks`` (blocks in its block table).
+        """
+        seq = self.scheduler.requests.get(request_id)
+        if seq is None:
+            return None
+        return {"status": seq.status.value, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens,
+                "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
+                "num_preemptions": seq.num_preemptions,
+                "num_blocks": len(self.block_manager.get_block_table(seq.seq_id))}
