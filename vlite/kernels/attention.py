@@ -1,6 +1,11 @@
 """The one paged-attention interface the model calls.
 
-The torch implementation serves every device for now; Triton kernels for CUDA plug in here.
+Backends: Triton kernels (``triton_store_kvcache``, ``triton_paged_attention``) when the tensors
+are on CUDA, the torch implementation (``torch_ref``) everywhere else. ``backend="triton"``
+forces the Triton path, e.g. on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
+set before the kernel modules are first imported), which is how the tests run the kernels
+without a GPU; ``backend="torch"`` or the environment variable ``VLITE_ATTENTION_BACKEND=torch``
+forces the torch path (e.g. to compare the two on a GPU).
 
 Shapes (T = tokens in the step, B = sequences, Hq/Hkv = query/KV heads, D = head dim):
   query   [T, Hq, D], key/value [T, Hkv, D]      (float32 / bfloat16)
@@ -10,6 +15,7 @@ Sequences are packed decodes first: the first ``num_decodes`` sequences have one
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -40,18 +46,54 @@ class AttentionMetadata:
     block_size: int
 
 
+BACKENDS = ("auto", "torch", "triton")
+_DEFAULT_BACKEND = os.environ.get("VLITE_ATTENTION_BACKEND", "auto")
+if _DEFAULT_BACKEND not in BACKENDS:
+    raise ValueError(f"VLITE_ATTENTION_BACKEND must be one of {BACKENDS}, got {_DEFAULT_BACKEND!r}")
+
+
+def _use_triton(x: torch.Tensor, backend: str | None) -> bool:
+    backend = backend or _DEFAULT_BACKEND
+    if backend == "auto":
+        return x.is_cuda
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton" and not x.is_cuda:
+        from vlite.kernels.triton_paged_attention import INTERPRETED  # imported lazily: CPU needs no triton
+
+        if not INTERPRETED:
+            raise RuntimeError("the Triton path on CPU tensors needs TRITON_INTERPRET=1 set before "
+                               "vlite.kernels.triton_* is first imported")
+    return backend == "triton"
+
+
 def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
-    """Write each token's K and V into its slot. Shapes as in the module docstring."""
-    torch_ref.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+                  slot_mapping: torch.Tensor, *, backend: str | None = None) -> None:
+    """Write each token's K and V into its slot. Shapes as in the module docstring.
+
+    backend: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton"; None = the default.
+    """
+    if _use_triton(key, backend):
+        from vlite.kernels import triton_store_kvcache
+
+        triton_store_kvcache.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        torch_ref.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
+                    backend: str | None = None) -> torch.Tensor:
     """Causal attention of the packed queries over each sequence's paged K/V.
 
     ``key``/``value`` are this step's new K/V (already stored in the cache); implementations
-    may use them directly when a sequence has no earlier cached context.
+    may use them directly when a sequence has no earlier cached context (the Triton path
+    reads everything from the cache).
+    backend: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton"; None = the default.
     Returns [T, Hq, D] in the query's dtype.
     """
+    if _use_triton(query, backend):
+        from vlite.kernels import triton_paged_attention
+
+        return triton_paged_attention.paged_attention(query, k_cache, v_cache, meta, scale)
     return torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
