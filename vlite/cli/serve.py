@@ -1,0 +1,112 @@
+"""``vlite serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn) on the paged engine.
+
+Flags follow ``vllm serve``. The socket is bound first and the model loads in the
+background (routes answer 503 until it is ready). SIGINT/SIGTERM: stop taking requests,
+abort those in flight (their blocks go back to the free list), exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+import typer
+import uvicorn
+
+from vlite.cli import common
+from vlite.entrypoints.state import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
+
+
+def serve(
+    model: str = common.ModelOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="VLITE_API_KEY",
+                                       help="Require 'Authorization: Bearer KEY' on every route but /health."),
+    served_model_name: list[str] = typer.Option(None, "--served-model-name",
+                                                help="Name(s) clients use in 'model' (default: the model's)."),
+    num_blocks: int | None = common.NumBlocksOpt,
+    block_size: int = common.BlockSizeOpt,
+    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
+    gpu_memory_utilization: float = common.GpuUtilOpt,
+    max_num_seqs: int = common.MaxSeqsOpt,
+    max_num_batched_tokens: int = common.MaxBatchedOpt,
+    max_model_len: int | None = common.MaxModelLenOpt,
+    dtype: str = common.DtypeOpt,
+    device: str | None = common.DeviceOpt,
+    seed: int = typer.Option(0, "--seed", help="Engine seed (requests without a seed sample from it)."),
+    log_stats: bool = typer.Option(False, "--log-stats", help="Log throughput, queue and KV-cache stats."),
+    log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.1,
+                                             help="Seconds between --log-stats lines."),
+    enable_debug_endpoints: bool = typer.Option(False, "--enable-debug-endpoints",
+                                                help="Serve GET /debug/blocks (block manager state)."),
+    inject_fault: list[str] = typer.Option(None, "--inject-fault",
+                                           help="Plant a known defect (repeatable; for leak-check self-tests)."),
+    max_request_body_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", min=1,
+                                               help="Larger request bodies get 413."),
+    uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level",
+                                          help="uvicorn's log level (debug, info, warning, error)."),
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API."""
+    from vlite.engine.faults import FaultSet
+    from vlite.engine.llm_engine import LLMEngine
+    from vlite.engine.loader import DEFAULT_MODEL_ALIASES
+    from vlite.entrypoints.api_server import create_app
+    from vlite.entrypoints.state import ServerSettings
+
+    faults = tuple(inject_fault or ())
+    try:
+        FaultSet(faults)
+    except ValueError as exc:
+        common.fail(str(exc))
+    if not Path(model).exists() and model.lower() not in DEFAULT_MODEL_ALIASES:
+        common.fail(f"model {model!r} is neither a local directory or .gguf file nor the default model "
+                    f"{common.DEFAULT_MODEL}")
+    config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, gpu_memory_utilization,
+                                        max_num_seqs, max_num_batched_tokens, max_model_len, dtype, device, seed,
+                                        inject_faults=faults)
+    settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
+                              enable_debug_endpoints=enable_debug_endpoints,
+                              max_request_body_bytes=max_request_body_bytes, log_stats=log_stats,
+                              log_stats_interval=log_stats_interval)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    if faults:
+        logging.getLogger("vlite.server").warning("planted faults enabled: %s", ", ".join(faults))
+
+    exit_code = 0
+
+    def on_fatal(message: str) -> None:
+        nonlocal exit_code
+        exit_code = 1
+        server.should_exit = True
+
+    app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
+                                    timeout_graceful_shutdown=10), app.state.server)
+    server.run()
+    if not server.started and exit_code == 0:
+        exit_code = 1  # e.g. the port was taken (uvicorn logged why)
+    sys.exit(exit_code)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that, on SIGINT/SIGTERM, first aborts the requests in flight.
+
+    uvicorn waits for open connections before shutting down; aborting first ends every stream
+    at once. The signal is not re-raised after shutdown (uvicorn's default), so a clean stop
+    exits 0. A second SIGINT forces the exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+        self.state.begin_shutdown()

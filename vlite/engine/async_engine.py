@@ -1,0 +1,393 @@
+"""AsyncLLMEngine: one background thread steps the LLMEngine; asyncio handlers get per-request streams.
+
+The model forward is blocking CPU/GPU work, so the engine runs in a single dedicated thread
+(the *engine loop*). Nothing else touches the LLMEngine: adds, aborts and read-only queries
+are queued as commands and applied between steps, so an abort lands within one engine step.
+Outputs go back to the asyncio event loop with ``loop.call_soon_threadsafe``.
+
+An exception from one command (a rejected request, a planted fault in abort) or from one
+step is logged and handed to the affected requests; the loop itself keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vlite.engine.llm_engine import LLMEngine
+from vlite.engine.metrics import EngineStats, format_log_stats
+from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.sequence import FinishReason, RequestOrigin
+
+logger = logging.getLogger("vlite.async_engine")
+
+
+class EngineNotRunningError(RuntimeError):
+    """The engine loop is stopping or stopped; no new request is accepted."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request to add: a prompt (text and/or token ids), its sampling params and origin.
+
+    ``origin.request_id`` is the engine request id.
+    """
+
+    prompt: str | None
+    sampling_params: SamplingParams
+    origin: RequestOrigin
+    prompt_token_ids: list[int] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.origin.request_id
+
+
+class RequestGroup:
+    """The streams of requests added together (one HTTP request: n choices, or several prompts).
+
+    Iterate it on the event loop to get ``(index, RequestOutput)`` pairs, index being the
+    request's position in the group, until every request has finished. Outputs are cumulative
+    (vLLM's RequestOutput). A request the engine aborted ends with finish_reason "abort".
+
+    ``abort()`` aborts every request not finished yet; it is idempotent and never blocks.
+    Use ``async with group:`` (or call ``abort()`` in a ``finally``) so that a handler that
+    is cancelled, e.g. because its client disconnected, frees its requests' KV blocks.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, request_ids: list[str]) -> None:
+        self._engine = engine
+        self.request_ids = request_ids
+        self._index = {rid: i for i, rid in enumerate(request_ids)}
+        self._queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+        self.finished = [False] * len(request_ids)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(self.finished)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        """On the event loop: queue one output (or an exception) for the consumer."""
+        i = self._index[request_id]
+        if self.finished[i]:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            self.finished[i] = True
+        self._queue.put_nowait((i, item))
+
+    def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        while not (self.all_finished and self._queue.empty()):
+            i, item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield i, item
+
+    def abort(self) -> None:
+        """Abort every request of the group that has not finished (thread-safe, non-blocking)."""
+        live = [rid for rid, done in zip(self.request_ids, self.finished) if not done]
+        for i, done in enumerate(self.finished):
+            self.finished[i] = True
+        if live:
+            self._engine.abort(live)
+
+    async def __aenter__(self) -> RequestGroup:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.abort()
+
+
+@dataclass
+class _Live:
+    group: RequestGroup
+    request: EngineRequest
+    last: RequestOutput | None = None
+
+
+class AsyncLLMEngine:
+    """Runs ``engine`` in one background thread and serves it to asyncio code.
+
+    Args:
+        engine: a loaded LLMEngine; after ``start()`` only the engine thread touches it.
+        on_output: called on the engine thread with every RequestOutput, including the final
+            "abort" output the loop makes for an aborted request (used for Prometheus metrics).
+            Its exceptions are logged and ignored.
+        log_stats: log one stats line (vLLM's shape) every ``log_stats_interval`` seconds.
+
+    ``latest_stats`` is an EngineStats snapshot refreshed after every loop iteration (after the
+    queued commands and after each step); reading it never waits for the engine.
+    """
+
+    def __init__(self, engine: LLMEngine, *, on_output: Callable[[RequestOutput], None] | None = None,
+                 log_stats: bool = False, log_stats_interval: float = 10.0) -> None:
+        self.engine = engine
+        self.on_output = on_output
+        self.log_stats = log_stats
+        self.log_stats_interval = log_stats_interval
+        self.latest_stats: EngineStats = engine.stats()
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._accepting = False
+        self._last_log = (time.monotonic(), 0, 0)
+
+    # ---- life cycle (event loop side) -------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; must be called from the running event loop."""
+        if self._thread is not None:
+            raise RuntimeError("AsyncLLMEngine already started")
+        self._loop = asyncio.get_running_loop()
+        self._accepting = True
+        self._thread = threading.Thread(target=self._run, name="vlite-engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def begin_shutdown(self) -> None:
+        """Stop accepting requests and abort every request in flight (thread- and signal-safe)."""
+        self._accepting = False
+        self._commands.put(("abort_all", None))
+
+    async def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort all requests, stop the engine thread and wait for it (up to ``timeout`` s)."""
+        self._accepting = False
+        if self._thread is None:
+            return
+        self._commands.put(("stop", None))
+        await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():
+            logger.error("engine loop did not stop within %.0f s", timeout)
+
+    # ---- requests (event loop side) ---------------------------------------------------------
+    async def add_requests(self, requests: list[EngineRequest]) -> RequestGroup:
+        """Add requests atomically; returns their group once the engine has queued them all.
+
+        Raises:
+            RequestRejectedError: the engine rejected one of them (nothing stays queued).
+            EngineNotRunningError: the engine is shutting down or not started.
+        """
+        if not self._accepting or not self.is_running:
+            raise EngineNotRunningError("the engine is not accepting requests (shutting down)")
+        group = RequestGroup(self, [r.request_id for r in requests])
+        done = self._loop.create_future()
+        self._commands.put(("add", (group, requests, done)))
+        try:
+            await done
+        except asyncio.CancelledError:
+            # The add may still be applied after us; the abort queued behind it undoes it.
+            group.abort()
+            raise
+        return group
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Queue an abort of ``request_ids``; it is applied before the next step (thread-safe)."""
+        self._commands.put(("abort", list(request_ids)))
+
+    async def run_on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps and return its result.
+
+        For read-only views (debug endpoints); ``fn`` must not change the engine's state.
+        Raises whatever ``fn`` raises, or EngineNotRunningError.
+        """
+        if not self.is_running:
+            raise EngineNotRunningError("the engine loop is not running")
+        done = self._loop.create_future()
+        self._commands.put(("call", (fn, done)))
+        return await done
+
+    # ---- the engine thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        logger.info("engine loop started")
+        stopping = False
+        while not stopping:
+            try:
+                stopping = self._apply_commands(block=not self.engine.has_unfinished_requests())
+                if not stopping and self.engine.has_unfinished_requests():
+                    self._step()
+                self.latest_stats = self.engine.stats()
+                self._maybe_log_stats()
+            except Exception:  # never let the loop die: log it and go on
+                logger.exception("engine loop iteration failed")
+        self.latest_stats = self.engine.stats()
+        self._refuse_pending()
+        logger.info("engine loop stopped")
+
+    def _refuse_pending(self) -> None:
+        """Answer commands that raced with "stop", so that no caller waits forever."""
+        refused = EngineNotRunningError("the engine loop has stopped")
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._post(_set_future, arg[2], None, refused)
+            elif kind == "call":
+                self._post(_set_future, arg[1], None, refused)
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply every queued command; wait for one first when idle. Returns True on "stop"."""
+        commands = []
+        if block:
+            timeout = self.log_stats_interval if self.log_stats else 1.0
+            try:
+                commands.append(self._commands.get(timeout=timeout))
+            except queue.Empty:
+                return False
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        stop = False
+        for kind, arg in commands:
+            if kind == "add":
+                self._add(*arg)
+            elif kind == "abort":
+                for rid in arg:
+                    self._abort(rid)
+            elif kind == "abort_all":
+                self._abort_all()
+            elif kind == "call":
+                self._call(*arg)
+            elif kind == "stop":
+                stop = True
+        if stop:
+            self._abort_all()
+        return stop
+
+    def _add(self, group: RequestGroup, requests: list[EngineRequest], done: asyncio.Future) -> None:
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
+                                        request_id=r.request_id, origin=r.origin)
+                added.append(r.request_id)
+                self._live[r.request_id] = _Live(group, r)
+        except Exception as exc:
+            for rid in added:
+                self._abort(rid, deliver=False)
+            self._post(_set_future, done, None, exc)
+            return
+        self._post(_set_future, done, None, None)
+
+    def _abort(self, request_id: str, deliver: bool = True) -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return  # already finished (or never added): nothing to free
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # e.g. the planted fault skip-free-on-abort: log it, keep serving
+            logger.exception("abort of request %r failed", request_id)
+        final = _aborted_output(live)
+        self._notify(final)
+        if deliver:
+            self._post(live.group._deliver, request_id, final)
+
+    def _abort_all(self) -> None:
+        if self._live:
+            logger.info("aborting %d request(s) in flight", len(self._live))
+        for rid in list(self._live):
+            self._abort(rid)
+
+    def _call(self, fn: Callable[[LLMEngine], Any], done: asyncio.Future) -> None:
+        try:
+            result = fn(self.engine)
+        except Exception as exc:
+            self._post(_set_future, done, None, exc)
+        else:
+            self._post(_set_future, done, result, None)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            # step() already turns model errors into per-request "error" outputs; anything that
+            # escapes it leaves the batch in an unknown state, so end every request in flight.
+            logger.exception("engine step failed; aborting the requests in flight")
+            for rid, live in list(self._live.items()):
+                self._abort(rid, deliver=False)
+                self._post(live.group._deliver, rid, RuntimeError(f"engine step failed: {exc}"))
+            return
+        deliveries = []
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            self._notify(out)
+            if live is None:
+                continue
+            live.last = out
+            if out.finished:
+                del self._live[out.request_id]
+            deliveries.append((live.group, out))
+        if deliveries:
+            self._post(_deliver_all, deliveries)
+
+    def _notify(self, out: RequestOutput) -> None:
+        if self.on_output is None:
+            return
+        try:
+            self.on_output(out)
+        except Exception:
+            logger.exception("on_output callback failed")
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            pass
+
+    def _maybe_log_stats(self) -> None:
+        if not self.log_stats:
+            return
+        now = time.monotonic()
+        last_t, last_prompt, last_gen = self._last_log
+        if now - last_t < self.log_stats_interval:
+            return
+        s = self.latest_stats
+        dt = now - last_t
+        logger.info(format_log_stats(s, (s.prompt_tokens_total - last_prompt) / dt,
+                                     (s.generation_tokens_total - last_gen) / dt))
+        self._last_log = (now, s.prompt_tokens_total, s.generation_tokens_total)
+
+
+def _set_future(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
+    if fut.done():  # the waiter was cancelled
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+def _deliver_all(deliveries: list[tuple[RequestGroup, RequestOutput]]) -> None:
+    for group, out in deliveries:
+        group._deliver(out.request_id, out)
+
+
+def _aborted_output(live: _Live) -> RequestOutput:
+    """The final output of an aborted request: its last output, marked finished with "abort"."""
+    now = time.time()
+    if live.last is not None:
+        last = live.last
+        completions = [dataclasses.replace(c, finish_reason=FinishReason.ABORT.value) for c in last.outputs]
+        metrics = dataclasses.replace(last.metrics, finished_time=now)
+        return dataclasses.replace(last, outputs=completions, finished=True, metrics=metrics,
+                                   stream_holdback=0, new_token_ids=[])
+    r = live.request
+    return RequestOutput(r.request_id, r.prompt, list(r.prompt_token_ids or []),
+                         [CompletionOutput(0, "", [], finish_reason=FinishReason.ABORT.value)], True,
+                         r.origin, RequestMetrics(r.origin.arrival_time, finished_time=now))

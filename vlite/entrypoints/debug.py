@@ -1,0 +1,72 @@
+"""``GET /debug/blocks`` (only with --enable-debug-endpoints): the block manager's state as JSON.
+
+The snapshot is taken on the engine thread between two steps, through the engine's public
+read-only methods, so it is consistent (no half-applied step). Shape::
+
+    {"num_total_blocks", "num_free_blocks", "num_used_blocks", "num_cached_blocks", "kv_cache_usage",
+     "num_running", "num_waiting",
+     "sequences": [{"seq_id", "request_id", "status", "block_table", "origin"}],
+     "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
+                 "finish_reason"}],
+     "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
+     "live_state": {...LLMEngine.live_state()}}
+
+``sequences`` lists every live sequence (waiting ones with an empty block table) and every
+block table whose owner is no longer live (an orphan: a leak). ``origin`` is
+``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vlite.engine.llm_engine import LLMEngine
+from vlite.engine.sequence import RequestOrigin
+
+
+def _origin(origin: RequestOrigin | None) -> dict | None:
+    return dataclasses.asdict(origin) if origin is not None else None
+
+
+def blocks_snapshot(engine: LLMEngine) -> dict:
+    """Build the /debug/blocks document; call it on the engine thread (read-only)."""
+    stats = engine.stats()
+    tables = engine.block_tables_view()
+    live = engine.live_state()
+    sequences = []
+    listed: set[int] = set()
+    for request_id in live["live_request_ids"]:
+        progress = engine.request_progress(request_id)
+        if progress is None:
+            continue
+        seq_id = int(progress["seq_id"])
+        record = engine.request_record(seq_id)
+        sequences.append({"seq_id": seq_id, "request_id": request_id, "status": progress["status"],
+                          "block_table": tables.get(seq_id, []),
+                          "origin": _origin(record.origin if record else None)})
+        listed.add(seq_id)
+    for seq_id, table in tables.items():
+        if seq_id in listed:
+            continue
+        record = engine.request_record(seq_id)
+        sequences.append({"seq_id": seq_id, "request_id": record.origin.request_id if record else None,
+                          "status": record.status if record else None, "block_table": table,
+                          "origin": _origin(record.origin if record else None)})
+    ledger = [{"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
+               "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
+               "finish_reason": r.finish_reason} for r in engine.ledger()]
+    anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
+                  "step": a.step, "time": a.time} for a in engine.ledger_anomalies()]
+    return {
+        "num_total_blocks": stats.num_total_blocks,
+        "num_free_blocks": stats.num_free_blocks,
+        "num_used_blocks": stats.num_used_blocks,
+        "num_cached_blocks": stats.num_cached_blocks,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "num_running": stats.num_running,
+        "num_waiting": stats.num_waiting,
+        "sequences": sequences,
+        "ledger": ledger,
+        "anomalies": anomalies,
+        "live_state": live,
+    }

@@ -1,0 +1,109 @@
+"""Prometheus metrics for /metrics, with vLLM's names under the ``vlite:`` prefix.
+
+Gauges and engine counters are read at scrape time from the engine loop's latest stats
+snapshot (a custom collector); per-request histograms and the success counter are fed by
+``observe`` with every RequestOutput, on the engine thread. Each app has its own
+CollectorRegistry, so two servers in one process (tests) never share series. Every series
+carries a ``model_name`` label, as vLLM's do. Histogram buckets are vLLM's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from vlite.engine.metrics import EngineStats
+from vlite.engine.outputs import RequestOutput
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class _EngineStatsCollector(Collector):
+    """Reads the engine's stats snapshot at every scrape."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:
+            return
+        gauges = [
+            ("vlite:num_requests_running", "Number of requests in model execution batches.", s.num_running),
+            ("vlite:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting),
+            ("vlite:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage),
+            ("vlite:num_free_blocks", "KV-cache blocks on the free list.", s.num_free_blocks),
+            ("vlite:num_cached_blocks", "Free KV-cache blocks that still hold a cached prefix.",
+             s.num_cached_blocks),
+            ("vlite:num_total_blocks", "KV-cache blocks in total.", s.num_total_blocks),
+        ]
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            yield g
+        counters = [
+            ("vlite:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions_total),
+            ("vlite:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
+            ("vlite:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+        ]
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric([self.model_name], value)
+            yield c
+
+
+class ServerMetrics:
+    """The registry behind /metrics, and the per-request observations.
+
+    Args:
+        model_name: the ``model_name`` label.
+        stats: returns the latest EngineStats (None while the model loads).
+    """
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self.registry.register(_EngineStatsCollector(model_name, stats))
+        self.request_success = Counter("vlite:request_success", "Count of finished requests.",
+                                       ["model_name", "finished_reason"], registry=self.registry)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(model_name, reason)
+        self.ttft = Histogram("vlite:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              ["model_name"], buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
+        self.itl = Histogram("vlite:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             ["model_name"], buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+        self.e2e = Histogram("vlite:e2e_request_latency_seconds", "Histogram of end to end request latency in "
+                             "seconds.", ["model_name"], buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self._last_token_time: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, out: RequestOutput) -> None:
+        """Record one RequestOutput (each carries at most one new token per step)."""
+        m = out.metrics
+        with self._lock:
+            prev = self._last_token_time.get(out.request_id)
+            if m.last_token_time is not None and m.last_token_time != prev:
+                if prev is None:
+                    if m.first_token_time is not None:
+                        self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
+                else:
+                    self.itl.observe(max(0.0, m.last_token_time - prev))
+                self._last_token_time[out.request_id] = m.last_token_time
+            if out.finished:
+                self._last_token_time.pop(out.request_id, None)
+        if out.finished:
+            reason = out.outputs[0].finish_reason if out.outputs else None
+            self.request_success.labels(self.model_name, reason or "error").inc()
+            self.e2e.observe(max(0.0, (m.finished_time or time.time()) - m.arrival_time))

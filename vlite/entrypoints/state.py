@@ -1,0 +1,57 @@
+"""The server's settings and its mutable state (loading -> ready -> shutting_down)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from vlite.engine.async_engine import AsyncLLMEngine
+    from vlite.entrypoints.metrics import ServerMetrics
+
+Status = Literal["loading", "ready", "shutting_down", "failed"]
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``vlite serve`` was asked for (flags named as vLLM's).
+
+    served_model_names: names clients may put in ``model``; empty = the engine's model name.
+    max_request_body_bytes: larger bodies get 413.
+    log_stats_interval: seconds between ``--log-stats`` lines.
+    """
+
+    api_key: str | None = None
+    served_model_names: tuple[str, ...] = ()
+    enable_debug_endpoints: bool = False
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    log_stats: bool = False
+    log_stats_interval: float = 10.0
+
+
+@dataclass
+class ServerState:
+    """Shared by the routes and middleware; ``engine`` is set once the model is loaded."""
+
+    settings: ServerSettings
+    status: Status = "loading"
+    engine: AsyncLLMEngine | None = None
+    metrics: ServerMetrics | None = None
+    model_names: tuple[str, ...] = ()
+    model_root: str | None = None
+    max_model_len: int | None = None
+    load_error: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The first served name: what responses report in ``model``."""
+        return self.model_names[0]
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests (503) and abort those in flight; safe in a signal handler."""
+        if self.status != "failed":
+            self.status = "shutting_down"
+        if self.engine is not None:
+            self.engine.begin_shutdown()
