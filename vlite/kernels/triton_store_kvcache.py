@@ -10,9 +10,14 @@ this module is imported), which is how CI tests it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+# Fixed when this module is imported, like the @triton.jit decoration below.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit

@@ -1,0 +1,31 @@
+"""Runs the Triton kernel tests (``triton_kernel_cases.py``) in a fresh pytest process.
+
+Without a GPU the kernels run under Triton's interpreter, which must be switched on
+(TRITON_INTERPRET=1) before ``triton`` is first imported; in this process other tests have
+usually imported it already (transformers does), so the cases get a process of their own.
+With CUDA available they run compiled on the GPU in that process, the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+CASES = Path(__file__).with_name("triton_kernel_cases.py")
+
+
+def test_triton_kernels_match_torch_reference():
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+                          cwd=CASES.parent.parent, env=env, capture_output=True, text=True, timeout=600)
+    summary = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+    assert proc.returncode == 0, f"kernel tests failed ({summary[0]}):\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
+    assert " passed" in summary[0] and "failed" not in summary[0]
