@@ -39,7 +39,7 @@ class APIError(Exception):
 
     def sse(self) -> str:
         """The error as one Server-Sent Event (for failures after a stream has started)."""
-        return f"data: {json.dumps(self.body())}\n\n"
+        return f"data: {json.dumps(self.body(), separators=(',', ':'))}\n\n"
 
 
 def error_response(status: int, message: str, **kw) -> JSONResponse:

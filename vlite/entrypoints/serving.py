@@ -152,10 +152,8 @@ class TextStreamer:
 def sse(payload: BaseModel | dict) -> str:
     """One Server-Sent Event ``data:`` line (OpenAI streaming)."""
     if isinstance(payload, BaseModel):
-        data = payload.model_dump_json(exclude_none=False)
-    else:
-        data = json.dumps(payload)
-    return f"data: {data}\n\n"
+        payload = payload.model_dump(mode="json")
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -138,7 +138,10 @@ async def _stream(group: RequestGroup, tokenizer, response_id: str, model: str, 
               logprobs: ChatChoiceLogprobs | None = None) -> str:
         body = ChatCompletionChunk(id=response_id, model=model, choices=[ChatStreamChoice(
             index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)])
-        return sse(body.model_dump(mode="json", exclude={"usage"}))
+        data = body.model_dump(mode="json", exclude={"usage"})
+        for choice in data["choices"]:  # OpenAI omits unset delta fields (role after the first chunk)
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+        return sse(data)
 
     streamers = [TextStreamer() for _ in group.request_ids]
     completion_tokens = [0] * len(group.request_ids)
