@@ -1,0 +1,197 @@
+"""In-process replay client: drives an LLMEngine and injects each request's client action.
+
+The client owns the step loop (as the async engine would), admits requests at their arrival
+offsets up to ``max_concurrency``, and after every ``idle_every`` admissions waits until the
+engine is idle: those idle points are the troughs the trend regression needs.
+
+An abort that raises (as the planted ``skip-free-on-abort`` does) is caught and recorded, the
+way a server logs an exception in a disconnect handler and carries on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vlite.diagnostics.workload import RequestSpec
+from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.sequence import RequestOrigin
+
+ROUTE = "leak-check"
+
+
+@dataclass
+class RequestResult:
+    """What happened to one replayed request, as the client saw it.
+
+    outcome: finished | aborted | rejected | error | abort-raised | lost.
+    times are ``time.time()`` seconds; ``detail`` says what the client observed
+    (e.g. "aborted during prefill, 32/97 prompt tokens cached").
+    """
+
+    request_id: str
+    action_kind: str
+    action_label: str
+    arrival_time: float
+    outcome: str = "pending"
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    end_time: float | None = None
+    abort_time: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class IdlePoint:
+    """A moment when nothing was in flight: the trend's trough (used blocks, RSS bytes)."""
+
+    time: float
+    requests_completed: int
+    num_used_blocks: int
+    rss_bytes: int | None
+
+
+@dataclass
+class ReplayResult:
+    """Results per request (workload order) and the idle points seen."""
+
+    requests: list[RequestResult]
+    idle_points: list[IdlePoint] = field(default_factory=list)
+    start_time: float = 0.0
+    end_time: float = 0.0
+
+
+def sampling_params_for(spec: RequestSpec) -> SamplingParams:
+    return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                          seed=spec.seed, ignore_eos=spec.ignore_eos)
+
+
+class InProcessClient:
+    """Replays a workload against an ``LLMEngine`` in this process.
+
+    Args:
+        engine: the engine (stepped only by this client during ``replay``).
+        probe: returns (num_used_blocks, rss_bytes or None) for an idle point.
+    """
+
+    def __init__(self, engine, probe: Callable[[], tuple[int, int | None]]) -> None:
+        self.engine = engine
+        self.probe = probe
+
+    def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0) -> ReplayResult:
+        """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
+
+        ``idle_every`` > 0: after that many admissions, admit no more until the engine is idle.
+        """
+        engine = self.engine
+        queue = deque(sorted(specs, key=lambda s: s.arrival_s))
+        results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
+        inflight: dict[str, tuple[RequestSpec, float]] = {}
+        out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
+        t0, in_wave, completed = out.start_time, 0, 0
+
+        def done(rid: str) -> None:
+            nonlocal completed
+            inflight.pop(rid, None)
+            completed += 1
+
+        while queue or inflight:
+            now = time.time()
+            wave_full = idle_every > 0 and in_wave >= idle_every
+            while queue and not wave_full and len(inflight) < max_concurrency and queue[0].arrival_s <= now - t0:
+                spec = queue.popleft()
+                in_wave += 1
+                wave_full = idle_every > 0 and in_wave >= idle_every
+                if self._admit(spec, results[spec.request_id]):
+                    inflight[spec.request_id] = (spec, time.time())
+                    if spec.action.kind == "abort-waiting":
+                        self._abort(spec.request_id, results[spec.request_id], "aborted while waiting")
+                        done(spec.request_id)
+                else:
+                    done(spec.request_id)
+            if wave_full and not inflight and not engine.has_unfinished_requests():
+                self._idle_point(out, completed)
+                in_wave = 0
+                continue
+            self._check_timeouts(inflight, results, done)
+            if engine.has_unfinished_requests():
+                self._step(inflight, results, done)
+            elif inflight:  # the engine dropped requests the client still waits for
+                for rid in list(inflight):
+                    results[rid].outcome, results[rid].detail = "lost", "engine has no unfinished request"
+                    results[rid].end_time = time.time()
+                    done(rid)
+            elif queue:
+                time.sleep(min(0.05, max(0.0, queue[0].arrival_s - (time.time() - t0))))
+        self._idle_point(out, completed)
+        out.end_time = time.time()
+        return out
+
+    def _idle_point(self, out: ReplayResult, completed: int) -> None:
+        used, rss = self.probe()
+        if not out.idle_points or out.idle_points[-1].requests_completed != completed:
+            out.idle_points.append(IdlePoint(time.time(), completed, used, rss))
+
+    def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
+        from vlite.engine.llm_engine import RequestRejectedError
+
+        res.arrival_time = time.time()
+        origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)
+        try:
+            self.engine.add_request(spec.prompt, sampling_params_for(spec), request_id=spec.request_id, origin=origin)
+        except (RequestRejectedError, ValueError) as exc:
+            res.outcome, res.detail, res.end_time = "rejected", str(exc), time.time()
+            return False
+        return True
+
+    def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
+        res.abort_time = res.end_time = time.time()
+        try:
+            self.engine.abort(rid)
+        except Exception as exc:  # a failing disconnect handler must not stop the server (or us)
+            res.outcome, res.detail = "abort-raised", f"{detail}; abort raised {type(exc).__name__}: {exc}"
+            return
+        res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
+
+    def _check_timeouts(self, inflight, results, done) -> None:
+        now = time.time()
+        for rid, (spec, t_admit) in list(inflight.items()):
+            if spec.action.kind == "client-timeout" and now - t_admit >= spec.action.timeout_s:
+                self._abort(rid, results[rid], f"client timed out after {now - t_admit:.2f} s")
+                done(rid)
+
+    def _step(self, inflight, results, done) -> None:
+        for ro in self.engine.step():
+            res = results.get(ro.request_id)
+            if res is None or ro.request_id not in inflight:
+                continue
+            spec = inflight[ro.request_id][0]
+            res.num_output_tokens = len(ro.outputs[0].token_ids)
+            if ro.finished:
+                res.finish_reason = ro.outputs[0].finish_reason
+                res.outcome = "error" if res.finish_reason == "error" else "finished"
+                res.detail, res.end_time = ro.error or "", time.time()
+                done(ro.request_id)
+            elif spec.action.kind in ("abort-after-tokens", "disconnect-stream") \
+                    and res.num_output_tokens >= spec.action.after_tokens:
+                what = "tokens" if spec.action.kind == "abort-after-tokens" else "chunks"
+                self._abort(ro.request_id, res, f"aborted after {res.num_output_tokens} {what}")
+                done(ro.request_id)
+            elif spec.action.kind == "abort-prefill":
+                self._abort(ro.request_id, res, "prefill ran in one step; aborted at its first token")
+                done(ro.request_id)
+        for rid, (spec, _) in list(inflight.items()):
+            if spec.action.kind not in ("abort-prefill", "abort-preempted"):
+                continue
+            p = self.engine.request_progress(rid)
+            if p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
+                self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s), "
+                                               f"status {p['status']}")
+                done(rid)
+            elif p and spec.action.kind == "abort-prefill" and p["num_computed_tokens"] > 0 \
+                    and p["num_output_tokens"] == 0:
+                self._abort(rid, results[rid], f"aborted during prefill, {p['num_computed_tokens']}/"
+                                               f"{p['num_prompt_tokens']} prompt tokens cached")
+                done(rid)

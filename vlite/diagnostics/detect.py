@@ -1,0 +1,227 @@
+"""Leak detection: drain invariant, trough trend, ledger attribution and CPU-side state.
+
+1. Drain invariant at quiescence: num_free_blocks + num_cached_blocks (evictable) ==
+   num_total_blocks. A deficit is a leak (blocks nobody will free); an excess (or a ref_count
+   below 0, or a "double free" ledger anomaly) is a double free or a double count.
+2. Trend: used blocks (and RSS) at idle points regressed on requests completed; a clean
+   engine's troughs return to the baseline (slope ~ 0 blocks/request).
+3. Attribution: every block still held, through the ledger, with its owner's origin, grouped
+   by client action and allocation site.
+4. CPU-side state: block tables and per-request entries left behind by finished sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from vlite.diagnostics.client import IdlePoint, RequestResult
+from vlite.diagnostics.snapshot import Snapshot
+
+
+@dataclass
+class DrainCheck:
+    """The drain invariant at quiescence (all counts in blocks).
+
+    mismatch_blocks = free + cached - total (signed); deficit_blocks = leaked blocks;
+    excess_frees = frees beyond allocations (double free / double count).
+    """
+
+    num_total_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    mismatch_blocks: int
+    deficit_blocks: int
+    excess_frees: int
+    negative_ref_counts: int
+    sign: str  # balanced | deficit | excess | deficit+excess
+    quiescent: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.sign == "balanced"
+
+
+@dataclass
+class Trend:
+    """Least-squares line of a trough series on requests completed.
+
+    slope: units per request (blocks/request or bytes/request); ci95: (low, high) of the slope;
+    r2: coefficient of determination; n: idle points used. None fields when n < 3.
+    """
+
+    metric: str
+    n: int
+    slope: float | None = None
+    intercept: float | None = None
+    ci95: tuple[float, float] | None = None
+    r2: float | None = None
+    baseline: float | None = None
+    last: float | None = None
+
+    @property
+    def rising(self) -> bool:
+        """The troughs climb: the CI of the slope lies above 0."""
+        return self.ci95 is not None and self.ci95[0] > 0
+
+
+@dataclass
+class Findings:
+    """Everything detection found; ``leak`` is the verdict (exit code 1)."""
+
+    drain: DrainCheck
+    trends: list[Trend]
+    leaked_blocks: list[dict]
+    by_action: list[dict]
+    by_site: list[dict]
+    anomalies: list[dict]
+    cpu_state: dict
+    unattributed_blocks: int
+    attribution_available: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def leak(self) -> bool:
+        return (not self.drain.ok or bool(self.leaked_blocks) or bool(self.anomalies)
+                or self.cpu_state["num_leftover_entries"] > 0)
+
+    def summary(self) -> str:
+        """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
+        if not self.leak:
+            return (f"CLEAN: drain invariant holds ({self.drain.num_free_blocks} free + {self.drain.num_cached_blocks} "
+                    f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind")
+        parts = []
+        if self.drain.deficit_blocks or self.leaked_blocks:
+            reqs = {b["request_id"] for b in self.leaked_blocks}
+            parts.append(f"{self.drain.deficit_blocks} blocks leaked (deficit), held by {len(reqs)} finished requests")
+        if self.drain.excess_frees:
+            parts.append(f"{self.drain.excess_frees} excess frees (double free)")
+        cpu = self.cpu_state
+        if cpu["orphan_block_tables"]:
+            parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")
+        if cpu["leftover_requests"]:
+            parts.append(f"{len(cpu['leftover_requests'])} per-request entries left behind")
+        return "LEAK: " + "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdict"] = "LEAK" if self.leak else "CLEAN"
+        d["summary"] = self.summary()
+        for t, td in zip(self.trends, d["trends"]):
+            td["rising"] = t.rising
+        return d
+
+
+def drain_check(snap: Snapshot) -> DrainCheck:
+    """Check free + cached == total on a quiescent snapshot, with the sign of any mismatch."""
+    accounted = snap.num_free_blocks + snap.num_cached_blocks
+    mismatch = accounted - snap.num_total_blocks
+    negative = -sum(rc for rc in snap.ref_counts or [] if rc < 0)
+    double_frees = sum(1 for a in snap.anomalies if "double" in str(a.get("kind", "")))
+    deficit = max(0, -mismatch)
+    excess = max(max(0, mismatch), negative, double_frees)
+    sign = ("deficit+excess" if deficit and excess else "deficit" if deficit else "excess" if excess else "balanced")
+    return DrainCheck(snap.num_total_blocks, snap.num_free_blocks, snap.num_cached_blocks, mismatch, deficit, excess,
+                      negative, sign, quiescent=snap.num_running == 0 and snap.num_waiting == 0)
+
+
+def trough_trend(points: list[IdlePoint], metric: str = "num_used_blocks") -> Trend:
+    """Regress the idle-point troughs of ``metric`` on requests completed (scipy linregress, 95% CI)."""
+    xs = [p.requests_completed for p in points if getattr(p, metric) is not None]
+    ys = [float(getattr(p, metric)) for p in points if getattr(p, metric) is not None]
+    trend = Trend(metric, len(xs), baseline=ys[0] if ys else None, last=ys[-1] if ys else None)
+    if len(xs) < 3 or len(set(xs)) < 2:
+        return trend
+    from scipy import stats
+
+    fit = stats.linregress(xs, ys)
+    # A perfectly straight series has stderr 0 (or nan when flat): the CI collapses to the slope.
+    half = stats.t.ppf(0.975, len(xs) - 2) * fit.stderr if math.isfinite(fit.stderr) else 0.0
+    r2 = fit.rvalue ** 2
+    trend.slope, trend.intercept = float(fit.slope), float(fit.intercept)
+    trend.ci95 = (float(fit.slope - half), float(fit.slope + half))
+    trend.r2 = float(r2) if math.isfinite(r2) else 1.0  # a perfectly flat series has no variance to explain
+    return trend
+
+
+def _suspected_path(row: dict, snap: Snapshot, in_tables: set[int]) -> str:
+    live = set(snap.live_state.get("live_request_ids", []))
+    if row.get("status") == "finished" and row["request_id"] in live:
+        why = "the abort/disconnect path" if row.get("finish_reason") == "abort" else "the finish path"
+        return f"{why} raised before the release (ref_count stays 1, request entry kept)"
+    if row["block_id"] not in in_tables:
+        if row.get("num_preemptions"):
+            return "dropped from the block table without a free (at preemption)"
+        return "dropped from the block table without a free"
+    if row.get("status") == "finished":
+        return "finished sequence still holds its block table"
+    return "held by a live sequence at quiescence (stuck request)"
+
+
+def _group(df: pd.DataFrame, key: str) -> list[dict]:
+    if df.empty:
+        return []
+    g = df.groupby(key, dropna=False).agg(blocks=("block_id", "nunique"), references=("block_id", "size"),
+                                          requests=("request_id", "nunique"))
+    g = g.sort_values("blocks", ascending=False).reset_index()
+    return g.astype({key: str}).to_dict("records")
+
+
+def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdlePoint]) -> Findings:
+    """Run all four checks on a quiescent snapshot and the client's per-request results."""
+    plan = {r.request_id: r for r in results}
+    drain = drain_check(snap)
+    in_tables = {b for table in snap.block_tables.values() for b in table}
+    leaked = []
+    for row in snap.ledger:
+        r = dict(row)
+        res = plan.get(r["request_id"])
+        r["action_kind"] = res.action_kind if res else "unknown (not from this workload)"
+        r["client_action"] = r.get("client_action") or (res.action_label if res else None)
+        r["client_outcome"] = res.detail or res.outcome if res else None
+        r["suspected_path"] = _suspected_path(r, snap, in_tables)
+        leaked.append(r)
+    df = pd.DataFrame(leaked)
+    anomalies = []
+    for a in snap.anomalies:
+        a = dict(a)
+        res = plan.get(a.get("request_id"))
+        a["action_kind"] = res.action_kind if res else None
+        a["client_action"] = a.get("client_action") or (res.action_label if res else None)
+        anomalies.append(a)
+    cpu = cpu_state(snap, plan)
+    held_blocks = len({r["block_id"] for r in leaked})
+    notes = []
+    if not drain.quiescent:
+        notes.append(f"the engine was not quiescent at the final snapshot ({snap.num_running} running, "
+                     f"{snap.num_waiting} waiting): the drain check is unreliable")
+    if not snap.has_ledger:
+        notes.append("no ledger (debug endpoints off): counts only, no attribution")
+    return Findings(drain, [trough_trend(idle_points), trough_trend(idle_points, "rss_bytes")], leaked,
+                    _group(df, "action_kind"), _group(df, "site"), anomalies, cpu,
+                    unattributed_blocks=max(0, drain.deficit_blocks - held_blocks) if snap.has_ledger else 0,
+                    attribution_available=snap.has_ledger, notes=notes)
+
+
+def cpu_state(snap: Snapshot, plan: dict[str, RequestResult]) -> dict:
+    """Block tables of finished sequences and request entries kept after their request ended."""
+    live = snap.live_state
+    orphans = []
+    for sid in live.get("orphan_block_tables", []):
+        owner = dict(snap.owners.get(sid, {}))
+        res = plan.get(owner.get("request_id"))
+        orphans.append({"seq_id": sid, "num_blocks": len(snap.block_tables.get(sid, [])), **owner,
+                        "action_kind": res.action_kind if res else None,
+                        "client_action": owner.get("client_action") or (res.action_label if res else None)})
+    leftovers = []
+    finished_live = set(live.get("finished_live_requests", []))
+    for rid in live.get("live_request_ids", []):
+        res = plan.get(rid)
+        leftovers.append({"request_id": rid, "state": "finished but still registered" if rid in finished_live
+                          else "never finished", "action_kind": res.action_kind if res else None,
+                          "client_action": res.action_label if res else None,
+                          "client_outcome": (res.detail or res.outcome) if res else None})
+    return {"orphan_block_tables": orphans, "leftover_requests": leftovers,
+            "num_block_tables": len(snap.block_tables), "num_leftover_entries": len(orphans) + len(leftovers)}

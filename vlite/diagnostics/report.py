@@ -1,0 +1,129 @@
+"""Leak-check reports: the terminal verdict and tables (Rich), and the report directory
+(report.json, samples.csv, report.md, PNG plots). report.json is documented in docs/leak-check.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPORT_VERSION = 1
+_BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path")
+
+
+def _trend_line(t) -> str:
+    unit = "blocks" if t.metric == "num_used_blocks" else "bytes"
+    if t.slope is None:
+        return f"{t.metric}: {t.n} idle points (need 3 for a trend)"
+    return (f"{t.metric} troughs: slope {t.slope:.4g} {unit}/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g}), "
+            f"R^2 {t.r2:.2f}, {t.n} idle points, baseline {t.baseline:.6g} -> last {t.last:.6g}"
+            + ("  [RISING]" if t.rising else ""))
+
+
+def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for c in cols:
+        table.add_column(c, overflow="fold")
+    for r in rows[:limit]:
+        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
+    if len(rows) > limit:
+        table.caption = f"{len(rows) - limit} more rows in report.json"
+    return table
+
+
+def print_report(run, console: Console | None = None) -> None:
+    """Print the verdict line, leaked blocks by origin and by site, CPU-side state and trends."""
+    console = console or Console()
+    f = run.findings
+    d = f.drain
+    console.print(f"[bold {'red' if f.leak else 'green'}]{f.summary()}[/]", highlight=False)
+    console.print(f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
+                  f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})", highlight=False)
+    if f.by_action:
+        console.print(_table("Leaked blocks by client action", f.by_action,
+                             ("action_kind", "blocks", "references", "requests")))
+        console.print(_table("Leaked blocks by allocation site", f.by_site, ("site", "blocks", "references",
+                                                                             "requests")))
+        console.print(_table("Blocks still held (oldest first)", f.leaked_blocks, ("block_id",) + _BLOCK_COLS))
+    if f.anomalies:
+        console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
+                                                               "step")))
+    cpu = f.cpu_state
+    if cpu["orphan_block_tables"]:
+        console.print(_table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"],
+                             ("seq_id", "num_blocks", "request_id", "client_action", "finish_reason")))
+    if cpu["leftover_requests"]:
+        console.print(_table("Per-request entries left behind", cpu["leftover_requests"],
+                             ("request_id", "state", "client_action", "client_outcome")))
+    for t in f.trends:
+        console.print(_trend_line(t), highlight=False)
+    for note in f.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def report_dict(run) -> dict:
+    """The machine-readable report (the schema of report.json)."""
+    outcomes: dict[str, int] = {}
+    for r in run.replay.requests:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+    return {"version": REPORT_VERSION, "run": run.info, **run.findings.to_dict(),
+            "client": {"outcomes": outcomes, "requests": [asdict(r) for r in run.replay.requests]},
+            "idle_points": [asdict(p) for p in run.replay.idle_points]}
+
+
+def _md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
+    if not rows:
+        return "_none_\n"
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows[:limit]:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)).replace("|", "/") for c in cols)
+                     + " |")
+    if len(rows) > limit:
+        lines.append(f"\n{len(rows) - limit} more rows in report.json")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(run, plots: list[str]) -> str:
+    f, info = run.findings, run.info
+    d = f.drain
+    out = [f"# vlite leak-check report\n\n**{'LEAK' if f.leak else 'CLEAN'}** - {f.summary()}\n",
+           "## Run\n", _md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
+           "## Drain invariant (at quiescence)\n",
+           f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "
+           f"mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess frees "
+           f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n",
+           "## Trend (troughs at idle points)\n", "\n".join(f"- {_trend_line(t)}" for t in f.trends) + "\n",
+           "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
+                                                                          "requests")),
+           "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),
+           "## Blocks still held\n", _md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
+           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
+           "## CPU-side state\n", "Orphan block tables:\n\n",
+           _md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
+                                                          "finish_reason")),
+           "\nPer-request entries left behind:\n\n",
+           _md_table(f.cpu_state["leftover_requests"], ("request_id", "state", "client_action", "client_outcome")),
+           "## Notes\n", "\n".join(f"- {n}" for n in f.notes) or "_none_", "\n\n## Plots\n",
+           "\n".join(f"![{p}]({p})" for p in plots), ""]
+    return "\n".join(out)
+
+
+def write_report(run, out_dir: Path) -> Path:
+    """Write report.json, samples.csv, report.md and the PNG plots into ``out_dir`` (created).
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    from vlite.diagnostics.plots import write_plots
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report_dict(run), indent=2, default=str))
+    run.samples.to_csv(out_dir / "samples.csv", index=False)
+    plots = write_plots(run, out_dir)
+    (out_dir / "report.md").write_text(report_markdown(run, plots))
+    return out_dir

@@ -1,0 +1,137 @@
+"""Fixed scenarios for the known leak kinds; each checks the drain invariants after it runs.
+
+Each scenario is a tiny workload on its own engine geometry (a few blocks, a small token
+budget, ...) that steers the engine into one exit path; ``run_scenario`` replays it in
+process, detects, and adds the scenario's own expectations (e.g. "the other requests still
+finished"). A scenario passes when the run is CLEAN and every expectation holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vlite.diagnostics.actions import ClientAction
+from vlite.diagnostics.run import RunResult, run_in_process
+from vlite.diagnostics.workload import RequestSpec, synthetic_prompt
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named workload and engine geometry.
+
+    engine: EngineConfig overrides: num_blocks (blocks), max_num_batched_tokens (tokens), max_num_seqs.
+    faults: planted faults the scenario itself needs (raise-in-step).
+    expect: checks on the run -> list of (what, ok, detail).
+    """
+
+    name: str
+    description: str
+    specs: Callable[[], list[RequestSpec]]
+    engine: dict = field(default_factory=dict)
+    faults: tuple[str, ...] = ()
+    expect: Callable[[RunResult], list[tuple[str, bool, str]]] = lambda run: []
+    idle_every: int = 0
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario's run and checks; ``passed`` is CLEAN and every check ok."""
+
+    name: str
+    description: str
+    run: RunResult
+    checks: list[tuple[str, bool, str]]
+
+    @property
+    def passed(self) -> bool:
+        return not self.run.findings.leak and all(ok for _, ok, _ in self.checks)
+
+
+def _spec(i: int, prompt_len: int, max_tokens: int, action: str = "complete", arrival_s: float = 0.0,
+          tag: str | None = None, prefix: str = "sc") -> RequestSpec:
+    import random
+
+    return RequestSpec(f"{prefix}-{i:04d}", arrival_s, synthetic_prompt(random.Random(i), prompt_len), prompt_len,
+                       max_tokens, ClientAction.parse(action), client_tag=tag)
+
+
+def _outcomes(run: RunResult) -> dict[str, str]:
+    return {r.request_id: r.outcome for r in run.replay.requests}
+
+
+def _expect_outcomes(expected: dict[str, set[str]]) -> Callable[[RunResult], list[tuple[str, bool, str]]]:
+    def check(run: RunResult) -> list[tuple[str, bool, str]]:
+        got = _outcomes(run)
+        return [(f"{rid} ends {'/'.join(sorted(want))}", got.get(rid) in want, f"outcome {got.get(rid)}")
+                for rid, want in expected.items()]
+    return check
+
+
+def _expect_preempted_abort(run: RunResult) -> list[tuple[str, bool, str]]:
+    res = {r.request_id: r for r in run.replay.requests}["sc-0001"]
+    return [("the engine preempted at least once", run.info["num_preemptions_total"] > 0,
+             f"{run.info['num_preemptions_total']} preemptions"),
+            ("the preempted request was aborted", "preemption" in res.detail, res.detail or res.outcome)]
+
+
+def _expect_flat(run: RunResult) -> list[tuple[str, bool, str]]:
+    pts = run.replay.idle_points
+    used = {p.num_used_blocks for p in pts}
+    cpu = run.findings.cpu_state
+    return [("used blocks return to the baseline at every idle point", used == {pts[0].num_used_blocks},
+             f"{len(pts)} idle points, used blocks {sorted(used)}"),
+            ("no block tables or request entries remain", cpu["num_block_tables"] == 0
+             and not cpu["leftover_requests"], f"{cpu['num_block_tables']} block tables, "
+                                               f"{len(cpu['leftover_requests'])} request entries"),
+            ("every request finished", all(o == "finished" for o in _outcomes(run).values()), "")]
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("abort-waiting", "abort requests while they wait behind a running one (max_num_seqs=1)",
+             lambda: [_spec(0, 24, 16)] + [_spec(i, 24, 16, "abort-waiting") for i in (1, 2, 3)],
+             {"max_num_seqs": 1}, expect=_expect_outcomes({"sc-0000": {"finished"}, "sc-0002": {"aborted"}})),
+    Scenario("abort-chunked-prefill", "abort during a chunked prefill (16-token budget, 96-token prompts)",
+             lambda: [_spec(0, 96, 8, "abort-prefill"), _spec(1, 96, 8, "abort-prefill"), _spec(2, 24, 8)],
+             {"max_num_batched_tokens": 16},
+             expect=lambda run: [("aborted mid-prefill", "during prefill" in {r.request_id: r for r in
+                                  run.replay.requests}["sc-0000"].detail, "")]),
+    Scenario("disconnect-mid-stream", "clients disconnect after a few streamed chunks",
+             lambda: [_spec(i, 32, 24, "disconnect-stream:3" if i % 2 else "complete") for i in range(6)],
+             expect=_expect_outcomes({"sc-0001": {"aborted"}, "sc-0000": {"finished"}})),
+    Scenario("non-streaming-disconnect", "non-streaming clients time out and close the connection",
+             lambda: [_spec(0, 32, 64, "client-timeout:0.05"), _spec(1, 32, 64, "client-timeout:0.05"),
+                      _spec(2, 32, 16)], expect=_expect_outcomes({"sc-0000": {"aborted", "finished"}})),
+    Scenario("abort-preempted", "abort a request after recompute preemption (a 12-block cache)",
+             lambda: [_spec(0, 40, 100), _spec(1, 40, 100, "abort-preempted"), _spec(2, 40, 100)],
+             {"num_blocks": 12}, expect=_expect_preempted_abort),
+    Scenario("raise-in-step", "a request that raises in the model runner: only it ends (error), others finish",
+             lambda: [_spec(0, 24, 12), _spec(1, 24, 12, tag="raise-in-step"), _spec(2, 24, 12),
+                      _spec(3, 24, 8, arrival_s=0.2)], faults=("raise-in-step",),
+             expect=_expect_outcomes({"sc-0001": {"error"}, "sc-0000": {"finished"}, "sc-0002": {"finished"},
+                                      "sc-0003": {"finished"}})),
+    Scenario("never-fits", "a request larger than the whole KV cache is rejected; the queue is not blocked",
+             lambda: [_spec(0, 200, 16), _spec(1, 24, 8), _spec(2, 24, 8)], {"num_blocks": 8},
+             expect=_expect_outcomes({"sc-0000": {"rejected"}, "sc-0001": {"finished"}, "sc-0002": {"finished"}})),
+    Scenario("repeated-short", "1,000 short requests in waves of 100: per-request state stays flat",
+             lambda: [_spec(i, 4 + i % 5, 1 + i % 2) for i in range(1000)], {"max_num_seqs": 64},
+             expect=_expect_flat, idle_every=100),
+]}
+
+
+def run_scenario(scenario: Scenario, checkpoint, base_config, faults: tuple[str, ...] = (),
+                 sample_interval_s: float = 0.1) -> ScenarioResult:
+    """Run one scenario on a fresh engine built from ``base_config`` (an EngineConfig) and a loaded checkpoint."""
+    from dataclasses import replace
+
+    from vlite.engine.llm_engine import LLMEngine
+
+    cache = replace(base_config.cache, num_blocks=scenario.engine.get("num_blocks", base_config.cache.num_blocks or 256))
+    sched = replace(base_config.scheduler, **{k: v for k, v in scenario.engine.items() if k != "num_blocks"})
+    config = replace(base_config, cache=cache, scheduler=sched,
+                     inject_faults=tuple(dict.fromkeys((*faults, *scenario.faults))))
+    engine = LLMEngine(config, checkpoint=checkpoint)
+    specs = scenario.specs()
+    run = run_in_process(engine, specs, max_concurrency=64, idle_every=scenario.idle_every,
+                         sample_interval_s=sample_interval_s, info={"scenario": scenario.name})
+    return ScenarioResult(scenario.name, scenario.description, run, scenario.expect(run))

@@ -1,0 +1,196 @@
+"""Workload sources for the leak checker: synthetic, a JSONL trace, or a ShareGPT file.
+
+Every source yields ``RequestSpec``s with an arrival offset and a planned client action
+(see actions.py). The JSONL schema is documented in docs/leak-check.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from vlite.diagnostics.actions import ClientAction, plan_action
+
+# Common English words that are one token each in Llama-style BPE vocabularies (with a leading
+# space), so that a synthetic prompt of n words is close to n tokens.
+_WORDS = ("the of and to in is for on that with as by at from this be are it was an or have not "
+          "but which one all were can more when there has their time will about if up out so what "
+          "into than other some them only new these also any may first two over such after most "
+          "year made where people work world well way even back good high life very long state "
+          "through great last many same part under take house water small home light city place").split()
+
+
+class WorkloadError(ValueError):
+    """A workload file or option that cannot be used (the message says which line or field)."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to replay.
+
+    arrival_s: offset from the start of the run, seconds.
+    prompt: text; prompt_len is its approximate length in tokens.
+    max_tokens: most output tokens; ignore_eos makes the output exactly that long.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt: str
+    prompt_len: int
+    max_tokens: int
+    action: ClientAction = field(default_factory=ClientAction)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = True
+    client_tag: str | None = None
+
+    @property
+    def stream(self) -> bool:
+        return self.action.streams
+
+
+def synthetic_prompt(rng: random.Random, num_tokens: int) -> str:
+    """About ``num_tokens`` tokens of filler text."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, num_tokens)))
+
+
+def arrival_offsets(rng: random.Random, n: int, request_rate: float) -> list[float]:
+    """Arrival offsets (s): all at 0 for an infinite rate, else a Poisson process of ``request_rate`` req/s."""
+    if request_rate == float("inf"):
+        return [0.0] * n
+    if request_rate <= 0:
+        raise WorkloadError(f"request rate must be > 0 req/s (or inf), got {request_rate}")
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(request_rate)
+    return out
+
+
+def _check_range(name: str, lo: int, hi: int) -> None:
+    if lo < 1 or hi < lo:
+        raise WorkloadError(f"{name} range must be 1 <= min <= max, got {lo}..{hi}")
+
+
+def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
+                       output_len: tuple[int, int] = (8, 48), request_rate: float = float("inf"),
+                       abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
+                       prefix: str = "lc") -> list[RequestSpec]:
+    """``num_requests`` requests with uniform input/output lengths (tokens) and seeded actions.
+
+    Raises:
+        WorkloadError: a bad count, length range or rate.
+        ValueError: a bad abort rate or mode.
+    """
+    if num_requests < 1:
+        raise WorkloadError(f"num requests must be >= 1, got {num_requests}")
+    _check_range("input length", *input_len)
+    _check_range("output length", *output_len)
+    rng = random.Random(seed)
+    arrivals = arrival_offsets(rng, num_requests, request_rate)
+    specs = []
+    for i, t in enumerate(arrivals):
+        n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
+        action = plan_action(rng, abort_rate, abort_mode, n_out)
+        specs.append(RequestSpec(f"{prefix}-{i:05d}", t, synthetic_prompt(rng, n_in), n_in, n_out, action))
+    return specs
+
+
+def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
+                   prefix: str = "lc") -> list[RequestSpec]:
+    """Read a JSONL trace, one request per line (schema in docs/leak-check.md).
+
+    Lines without ``client_action`` get one drawn from ``abort_rate``/``abort_mode``.
+    Raises:
+        WorkloadError: unreadable file, bad JSON, or a missing/invalid field (with its line number).
+    """
+    rng = random.Random(seed)
+    specs = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise WorkloadError(f"cannot read trace {path}: {exc}") from exc
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            specs.append(_spec_from_row(row, rng, len(specs), abort_rate, abort_mode, prefix))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise WorkloadError(f"{path}:{lineno}: {exc}") from exc
+    if not specs:
+        raise WorkloadError(f"trace {path} has no requests")
+    return sorted(specs, key=lambda s: s.arrival_s)
+
+
+def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float, abort_mode: str,
+                   prefix: str) -> RequestSpec:
+    if not isinstance(row, dict):
+        raise ValueError("each line must be a JSON object")
+    if "prompt" in row:
+        prompt = str(row["prompt"])
+        prompt_len = len(prompt.split())
+    elif "prompt_len" in row:
+        prompt_len = int(row["prompt_len"])
+        prompt = synthetic_prompt(rng, prompt_len)
+    else:
+        raise KeyError("'prompt' or 'prompt_len' is required")
+    max_tokens = int(row.get("max_tokens", 16))
+    if max_tokens < 1 or not prompt.strip():
+        raise ValueError("max_tokens must be >= 1 and the prompt non-empty")
+    arrival = float(row.get("arrival_s", 0.0))
+    if arrival < 0:
+        raise ValueError("arrival_s must be >= 0")
+    if "client_action" in row:
+        action = ClientAction.parse(str(row["client_action"]))
+    else:
+        action = plan_action(rng, abort_rate, abort_mode, max_tokens)
+    if "stream" in row and bool(row["stream"]) != action.streams:
+        raise ValueError(f"stream={row['stream']} contradicts client_action {action.kind!r}")
+    return RequestSpec(str(row.get("request_id", f"{prefix}-{index:05d}")), arrival, prompt, prompt_len, max_tokens,
+                       action, temperature=float(row.get("temperature", 0.0)), top_p=float(row.get("top_p", 1.0)),
+                       seed=row.get("seed"), ignore_eos=bool(row.get("ignore_eos", True)),
+                       client_tag=row.get("client_tag"))
+
+
+def sharegpt_workload(path: Path, num_requests: int, *, count_tokens: Callable[[str], int] | None = None,
+                      max_output_len: int = 64, request_rate: float = float("inf"), abort_rate: float = 0.0,
+                      abort_mode: str = "mix", seed: int = 0, prefix: str = "lc") -> list[RequestSpec]:
+    """Read a ShareGPT file (``[{id, conversations: [{from, value}, ...]}]``) as vLLM's benchmarks do:
+    the first turn is the prompt, the second turn's length (tokens) the reference output length,
+    capped at ``max_output_len``. Conversations with fewer than two turns are skipped.
+
+    Raises:
+        WorkloadError: unreadable or malformed file, or no usable conversation.
+    """
+    count = count_tokens or (lambda text: max(1, int(len(text.split()) * 1.3)))
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"cannot read ShareGPT file {path}: {exc}") from exc
+    if not isinstance(data, list):
+        raise WorkloadError(f"{path}: expected a JSON list of conversations")
+    rng = random.Random(seed)
+    pairs = []
+    for conv in data:
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2 or not str(turns[0].get("value", "")).strip():
+            continue
+        prompt = str(turns[0]["value"])
+        pairs.append((prompt, count(prompt), max(1, min(max_output_len, count(str(turns[1].get("value", "")))))))
+        if len(pairs) == num_requests:
+            break
+    if not pairs:
+        raise WorkloadError(f"{path}: no conversation with a prompt and a reply")
+    arrivals = arrival_offsets(rng, len(pairs), request_rate)
+    return [RequestSpec(f"{prefix}-{i:05d}", t, p, n_in, n_out, plan_action(rng, abort_rate, abort_mode, n_out))
+            for i, (t, (p, n_in, n_out)) in enumerate(zip(arrivals, pairs))]
+
+
+def with_action(spec: RequestSpec, action: ClientAction) -> RequestSpec:
+    """A copy of ``spec`` with another client action."""
+    return replace(spec, action=action)
