@@ -79,6 +79,8 @@ class EngineConfig:
     inject_faults: tuple[str, ...] = ()
     # The allocation ledger is always on in production; off only to measure its cost.
     enable_ledger: bool = True
+    # CUDA: run decode steps eagerly instead of replaying captured CUDA graphs (vLLM's --enforce-eager).
+    enforce_eager: bool = False
     # Finished requests remembered for leak attribution (bounded, oldest dropped first).
     finished_history: int = 10_000
 

@@ -118,6 +118,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults)
         self.model_runner = ModelRunner(self.model, num_blocks, cache.block_size, self.device, self.dtype,
                                         self.faults, seed=config.seed)
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from vlite.engine.cuda_graphs import capture_decode_graphs
+
+            self.model_runner.cuda_graphs = capture_decode_graphs(
+                self.model, self.model_runner.kv_caches, cache.block_size, config.scheduler.max_num_seqs,
+                self.max_model_len, self.device)
         self._records: dict[int, RequestRecord] = {}
         self._finished_order: OrderedDict[int, None] = OrderedDict()
         self.prompt_tokens_total = 0
@@ -156,7 +162,10 @@ class LLMEngine:
         return int(num_blocks)
 
     def _profile_cuda_budget(self, utilization: float) -> int:
-        """Free bytes for the KV cache: utilization * total - peak of a max-size forward."""
+        """Bytes for the KV cache: utilization * total, less torch's peak over a max-size
+        forward (weights + activations) and the memory torch's allocator does not hold (CUDA
+        context, library workspaces, other processes). The decode CUDA graphs, captured
+        afterwards, live in the remaining 1 - utilization."""
         torch.cuda.reset_peak_memory_stats(self.device)
         tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
         runner = ModelRunner(self.model, self.block_manager_blocks_for(tokens), self.block_size, self.device,
@@ -170,8 +179,9 @@ class LLMEngine:
         peak = torch.cuda.max_memory_allocated(self.device)
         del runner
         torch.cuda.empty_cache()
-        _, total = torch.cuda.mem_get_info(self.device)
-        return int(total * utilization - peak)
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        return int(total * utilization - peak - non_torch)
 
     def block_manager_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

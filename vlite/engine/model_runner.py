@@ -58,6 +58,7 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.faults = faults or FaultSet()
+        self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), set by LLMEngine on CUDA
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
@@ -121,7 +122,10 @@ class ModelRunner:
             SequenceError: a failure tied to specific sequences.
         """
         input_ids, positions, meta, logits_indices = self.prepare(sched, block_tables)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(meta):
+            hidden = self.cuda_graphs.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         sampled = [item.seq for item in sched.scheduled if item.sample]
         if not sampled:
             return StepResult([], SamplerOutput([], []))
