@@ -138,6 +138,7 @@ class AsyncLLMEngine:
         self.latest_stats: EngineStats = engine.stats()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # engine thread only
+        self._outbox: list[tuple[Callable[..., None], tuple]] = []  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._accepting = False
@@ -216,14 +217,16 @@ class AsyncLLMEngine:
         while not stopping:
             try:
                 stopping = self._apply_commands(block=not self.engine.has_unfinished_requests())
+                self._publish()
                 if not stopping and self.engine.has_unfinished_requests():
                     self._step()
-                self.latest_stats = self.engine.stats()
+                    self._publish()
                 self._maybe_log_stats()
             except Exception:  # never let the loop die: log it and go on
                 logger.exception("engine loop iteration failed")
-        self.latest_stats = self.engine.stats()
+                self._publish()
         self._refuse_pending()
+        self._publish()
         logger.info("engine loop stopped")
 
     def _refuse_pending(self) -> None:
@@ -323,7 +326,6 @@ class AsyncLLMEngine:
                 self._abort(rid, deliver=False)
                 self._post(live.group._deliver, rid, RuntimeError(f"engine step failed: {exc}"))
             return
-        deliveries = []
         for out in outputs:
             live = self._live.get(out.request_id)
             self._notify(out)
@@ -332,9 +334,7 @@ class AsyncLLMEngine:
             live.last = out
             if out.finished:
                 del self._live[out.request_id]
-            deliveries.append((live.group, out))
-        if deliveries:
-            self._post(_deliver_all, deliveries)
+            self._post(live.group._deliver, out.request_id, out)
 
     def _notify(self, out: RequestOutput) -> None:
         if self.on_output is None:
@@ -345,8 +345,18 @@ class AsyncLLMEngine:
             logger.exception("on_output callback failed")
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Queue ``fn(*args)`` for the event loop; sent by ``_publish``."""
+        self._outbox.append((fn, args))
+
+    def _publish(self) -> None:
+        """Refresh ``latest_stats``, then hand the queued deliveries to the event loop in one call,
+        so a client that sees its request end also sees the blocks it freed."""
+        self.latest_stats = self.engine.stats()
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, []
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._loop.call_soon_threadsafe(_run_all, outbox)
         except RuntimeError:  # the event loop is closed: nobody is waiting any more
             pass
 
@@ -364,6 +374,11 @@ class AsyncLLMEngine:
         self._last_log = (now, s.prompt_tokens_total, s.generation_tokens_total)
 
 
+def _run_all(calls: list[tuple[Callable[..., None], tuple]]) -> None:
+    for fn, args in calls:
+        fn(*args)
+
+
 def _set_future(fut: asyncio.Future, result: Any, exc: BaseException | None) -> None:
     if fut.done():  # the waiter was cancelled
         return
@@ -371,11 +386,6 @@ def _set_future(fut: asyncio.Future, result: Any, exc: BaseException | None) -> 
         fut.set_exception(exc)
     else:
         fut.set_result(result)
-
-
-def _deliver_all(deliveries: list[tuple[RequestGroup, RequestOutput]]) -> None:
-    for group, out in deliveries:
-        group._deliver(out.request_id, out)
 
 
 def _aborted_output(live: _Live) -> RequestOutput:

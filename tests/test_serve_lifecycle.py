@@ -1,0 +1,186 @@
+"""Life cycle: 503 while loading, SIGINT/SIGTERM with requests in flight, and the AsyncLLMEngine
+loop itself (aborts, rejected adds, planted faults), in-process on a tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import threading
+
+import httpx
+import pytest
+from conftest import build_tiny_model_dir, make_engine
+from serve_harness import ServerProcess
+
+from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest
+from vlite.engine.llm_engine import RequestRejectedError
+from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.sequence import RequestOrigin
+from vlite.entrypoints.api_server import create_app
+from vlite.entrypoints.state import ServerSettings
+
+
+def _request(rid: str, prompt: str = "hello there", max_tokens: int = 400, **kw) -> EngineRequest:
+    return EngineRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw),
+                         RequestOrigin(rid, route="test"))
+
+
+def _run(coro, timeout: float = 60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+# ---- AsyncLLMEngine ------------------------------------------------------------------------------
+def test_abort_mid_stream_frees_blocks_and_loop_keeps_serving(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, num_blocks=64)
+
+    async def main():
+        aengine = AsyncLLMEngine(engine)
+        aengine.start()
+        try:
+            group = await aengine.add_requests([_request("a")])
+            outputs = []
+            async for _, out in group:
+                outputs.append(out)
+                if len(outputs) == 3:
+                    group.abort()
+                    break
+            assert group.all_finished
+            stats = await aengine.run_on_engine(lambda e: e.stats())
+            assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
+            assert await aengine.run_on_engine(lambda e: e.live_state()["live_request_ids"]) == []
+            # the loop still serves
+            async with await aengine.add_requests([_request("b", max_tokens=5)]) as g2:
+                finals = [out async for _, out in g2 if out.finished]
+            assert finals[0].outputs[0].finish_reason == "length" and len(finals[0].outputs[0].token_ids) == 5
+        finally:
+            await aengine.shutdown()
+        assert not aengine.is_running
+
+    _run(main())
+
+
+def test_engine_abort_ends_the_stream_with_abort_and_observes_it(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, num_blocks=64)
+    seen = []
+
+    async def main():
+        aengine = AsyncLLMEngine(engine, on_output=seen.append)
+        aengine.start()
+        try:
+            group = await aengine.add_requests([_request("x-0"), _request("x-1")])
+            finals = {}
+            async for i, out in group:
+                if len(out.outputs[0].token_ids) == 2 and not finals:
+                    aengine.abort(["x-0", "x-1"])  # from the engine's side, as shutdown does
+                if out.finished:
+                    finals[i] = out
+            assert {i: o.outputs[0].finish_reason for i, o in finals.items()} == {0: "abort", 1: "abort"}
+            assert aengine.latest_stats.num_used_blocks == 0
+        finally:
+            await aengine.shutdown()
+
+    _run(main())
+    assert [o.request_id for o in seen if o.finished] == ["x-0", "x-1"]
+
+
+def test_rejected_add_is_atomic(tiny_checkpoint):
+    engine = make_engine(tiny_checkpoint, num_blocks=64)
+
+    async def main():
+        aengine = AsyncLLMEngine(engine)
+        aengine.start()
+        try:
+            with pytest.raises(RequestRejectedError, match="maximum context length"):
+                await aengine.add_requests([_request("ok"), _request("too-long", max_tokens=100_000)])
+            live = await aengine.run_on_engine(lambda e: e.live_state()["live_request_ids"])
+            assert live == [] and aengine.latest_stats.num_used_blocks == 0
+        finally:
+            await aengine.shutdown()
+        with pytest.raises(EngineNotRunningError):
+            await aengine.add_requests([_request("late")])
+
+    _run(main())
+
+
+def test_planted_fault_in_abort_is_logged_and_loop_lives(tiny_checkpoint, caplog):
+    engine = make_engine(tiny_checkpoint, num_blocks=64, faults=("skip-free-on-abort",))
+
+    async def main():
+        aengine = AsyncLLMEngine(engine)
+        aengine.start()
+        try:
+            group = await aengine.add_requests([_request("leak")])
+            async for _, out in group:
+                group.abort()
+                break
+            leaked = await aengine.run_on_engine(lambda e: [r.request_id for r in e.ledger()])
+            assert leaked and set(leaked) == {"leak"}
+            async with await aengine.add_requests([_request("next", max_tokens=3)]) as g2:
+                finals = [out async for _, out in g2 if out.finished]
+            assert finals[0].outputs[0].finish_reason == "length"
+        finally:
+            await aengine.shutdown()
+
+    with caplog.at_level(logging.ERROR, logger="vlite.async_engine"):
+        _run(main())
+    assert any("abort of request 'leak' failed" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+# ---- the app: 503 while loading and after shutdown ----------------------------------------------
+def test_503_while_loading_then_ready_then_shutting_down(tiny_checkpoint):
+    release = threading.Event()
+
+    def load():
+        release.wait(30)
+        return make_engine(tiny_checkpoint, num_blocks=32)
+
+    app = create_app(ServerSettings(), load)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+                r = await http.get("/health")
+                assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
+                r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+                assert r.status_code == 503 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+                assert (await http.get("/version")).status_code == 200
+                release.set()
+                for _ in range(300):
+                    if (await http.get("/health")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.05)
+                r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        # lifespan exited: shutting down
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            r = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+            assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+
+    _run(main())
+    assert not app.state.server.engine.is_running
+
+
+# ---- signals: abort in flight, exit 0 ----------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_aborts_in_flight_and_exits_zero(tmp_path_factory, sig):
+    model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("sig-tiny"), max_position_embeddings=2048)
+    srv = ServerProcess(model_dir, tmp_path_factory.mktemp("sig-log") / "server.log", "--num-blocks", "160")
+    try:
+        srv.wait_ready()
+        body = {"prompt": "keep going", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.base_url + "/v1/completions", json=body, timeout=30) as resp:
+            lines = resp.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+            srv.send_signal(sig)
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+        assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
+        assert srv.wait_exit(timeout=30) == 0
+        log = srv.log()
+        assert "aborting 1 request(s) in flight" in log and "engine loop stopped" in log
+    finally:
+        srv.stop()
