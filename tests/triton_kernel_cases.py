@@ -267,7 +267,8 @@ def test_auto_backend_picks_torch_on_cpu(monkeypatch):
 # ---- end to end: a tiny model's greedy tokens through both backends --------------------------
 def test_engine_greedy_tokens_match_torch_backend(tiny_checkpoint, monkeypatch):
     """The model through the Triton path (chunked prefill over 4-token blocks, then decodes,
-    GQA 4/2 heads) produces the torch path's greedy tokens in float32."""
+    GQA 4/2 heads; a second pass over the same prompts, which prefix caching, where on,
+    serves partly from cached blocks) produces the torch path's greedy tokens in float32."""
     from conftest import make_engine
 
     from vlite.engine.sampling_params import SamplingParams
@@ -281,6 +282,7 @@ def test_engine_greedy_tokens_match_torch_backend(tiny_checkpoint, monkeypatch):
     for backend in ("torch", "triton"):
         monkeypatch.setattr(attention, "_DEFAULT_BACKEND", backend)
         engine = make_engine(tiny_checkpoint, num_blocks=40, block_size=4, max_num_batched_tokens=10)
-        runs[backend] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+        runs[backend] = [o.outputs[0].token_ids for _ in range(2) for o in engine.generate(prompts, params)]
     assert all(len(t) == 5 for t in runs["torch"])
+    assert runs["torch"][:3] == runs["torch"][3:]
     assert runs["triton"] == runs["torch"]
