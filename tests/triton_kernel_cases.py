@@ -286,3 +286,27 @@ def test_engine_greedy_tokens_match_torch_backend(tiny_checkpoint, monkeypatch):
     assert all(len(t) == 5 for t in runs["torch"])
     assert runs["torch"][:3] == runs["torch"][3:]
     assert runs["triton"] == runs["torch"]
+
+
+def test_cuda_graph_decode_matches_eager_on_gpu(tiny_checkpoint):
+    """GPU only: the engine with decode CUDA graphs (buckets 1, 2, 4, 6 here; 3 and 5 running
+    sequences are padded) gives the eager engine's greedy tokens (float32: a padded batch
+    may pick other matmul kernels, and bfloat16 rounding could then flip a near-tie)."""
+    if not ON_GPU:
+        pytest.skip("CUDA graphs need a GPU")
+    from vlite.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from vlite.engine.llm_engine import LLMEngine
+    from vlite.engine.sampling_params import SamplingParams
+
+    g = torch.Generator().manual_seed(_seed())
+    prompts = [torch.randint(10, 1000, (n,), generator=g).tolist() for n in (13, 40, 6, 21, 9)]
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (12, 4, 9, 20, 7)]
+    runs = {}
+    for eager in (True, False):
+        config = EngineConfig(model=str(tiny_checkpoint.path), dtype="float32", device="cuda", enforce_eager=eager,
+                              cache=CacheConfig(block_size=16, num_blocks=64),
+                              scheduler=SchedulerConfig(max_num_seqs=6, max_model_len=256))
+        engine = LLMEngine(config, checkpoint=tiny_checkpoint)
+        assert (engine.model_runner.cuda_graphs is None) == eager
+        runs[eager] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert runs[False] == runs[True]
