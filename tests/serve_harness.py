@@ -83,7 +83,7 @@ class ServerProcess:
         self._log.close()
 
 
-_SAMPLE = re.compile(r'^(vlite:\w+)\{([^}]*)\} (\S+)$', re.M)
+_SAMPLE = re.compile(r'^(vlite:\w+)\{([^}]*)\} (\S+)$', re.MULTILINE)
 
 
 def read_metrics(server: ServerProcess) -> dict[str, float]:
