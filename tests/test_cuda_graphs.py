@@ -85,7 +85,7 @@ def test_can_run_only_pure_decode_batches_that_fit(tiny_checkpoint):
 def test_gpu_memory_utilization_budget_subtracts_peak_and_non_torch_memory(tiny_checkpoint, monkeypatch):
     """budget = utilization * total - torch peak - memory outside torch's allocator."""
     gib = 1 << 30
-    fake = dict(total=80 * gib, free=60 * gib, reserved=15 * gib, peak=12 * gib)
+    fake = {"total": 80 * gib, "free": 60 * gib, "reserved": 15 * gib, "peak": 12 * gib}
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: fake["peak"])

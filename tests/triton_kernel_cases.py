@@ -30,12 +30,10 @@ if not INTERPRET and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     INTERPRET = True
 
-import triton  # noqa: E402,F401
-
-from vlite.kernels import attention, torch_ref  # noqa: E402
-from vlite.kernels import triton_paged_attention as tpa  # noqa: E402
-from vlite.kernels import triton_store_kvcache as tsk  # noqa: E402
-from vlite.kernels.attention import AttentionMetadata  # noqa: E402
+from vlite.kernels import attention, torch_ref
+from vlite.kernels import triton_paged_attention as tpa
+from vlite.kernels import triton_store_kvcache as tsk
+from vlite.kernels.attention import AttentionMetadata
 
 ON_GPU = not INTERPRET
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -44,7 +42,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 assert tpa.INTERPRETED == tsk.INTERPRETED == (not ON_GPU)
 
 # Small tiles so that tiny shapes still cross tile, partition and block boundaries.
-SMALL_TILES = dict(decode_block_n=16, partition_size=32, block_m=16, block_n=16)
+SMALL_TILES = {"decode_block_n": 16, "partition_size": 32, "block_m": 16, "block_n": 16}
 
 
 def _seed() -> int:
@@ -100,7 +98,7 @@ class Scenario:
 
     def reference(self) -> torch.Tensor:
         """torch_ref in float32 on the same (possibly bfloat16) inputs."""
-        f = lambda x: x.float()  # noqa: E731
+        f = lambda x: x.float()
         return torch_ref.paged_attention(f(self.query), f(self.key), f(self.value), f(self.k_cache),
                                          f(self.v_cache), self.meta, self.scale)
 
@@ -169,7 +167,7 @@ def test_paged_decode_matches_reference(case, dtype, tiles):
     ref = sc.reference()
     sc.to(DEVICE)
     out = torch.full_like(sc.query, float("nan"))
-    kw = dict(block_n=16, partition_size=32) if tiles == "small" else {}
+    kw = {"block_n": 16, "partition_size": 32} if tiles == "small" else {}
     tpa.paged_decode(sc.query, sc.k_cache, sc.v_cache, sc.meta.block_tables, sc.meta.seq_lens, sc.scale,
                      max(sc.meta.seq_lens_list), out=out, **kw)
     _check(out, ref, dtype, seed)

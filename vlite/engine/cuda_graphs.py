@@ -70,7 +70,7 @@ class DecodeGraphRunner:
         self.buckets = decode_buckets(max_num_seqs)
         self.max_blocks = -(-max_model_len // block_size)
         n = self.buckets[-1]
-        long = dict(dtype=torch.long, device=device)
+        long = {"dtype": torch.long, "device": device}
         self.input_ids = torch.zeros(n, **long)
         self.positions = torch.zeros(n, **long)
         self.slot_mapping = torch.full((n,), -1, **long)

@@ -72,7 +72,7 @@ def _paged_decode_kernel(
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = part * PARTITION_SIZE
-    if not SINGLE_PARTITION:
+    if not SINGLE_PARTITION:  # noqa: SIM102 (the outer test is a compile-time constant)
         if start >= seq_len:
             return  # past this sequence's end: the reduce kernel never reads this partition
     end = tl.minimum(start + PARTITION_SIZE, seq_len)
@@ -244,7 +244,7 @@ def _check(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) ->
 
 def _dot_args(dtype: torch.dtype) -> dict:
     # float32 inputs: exact products (no TF32) so float32 matches the reference to 1e-3.
-    return dict(UPCAST=INTERPRETED, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    return {"UPCAST": INTERPRETED, "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32"}
 
 
 def choose_partition_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device,
@@ -386,4 +386,4 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return out
 
 
-__all__ = ["paged_attention", "paged_decode", "paged_prefill", "choose_partition_size", "INTERPRETED"]
+__all__ = ["INTERPRETED", "choose_partition_size", "paged_attention", "paged_decode", "paged_prefill"]
