@@ -223,7 +223,8 @@ def test_request_id_echo_and_origin_in_debug_blocks(server, http):
             "ignore_eos": True, "stream": True}
     with http.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
         assert resp.headers["x-request-id"] == "origin-test-1"
-        next(sse_events(resp.iter_lines()))  # running: it has produced a token
+        events = sse_events(resp.iter_lines())  # keep a reference: dropping it closes the connection
+        next(events)  # running: it has produced a token
         snap = http.get("/debug/blocks").json()
         seqs = [s for s in snap["sequences"] if s["request_id"] == "origin-test-1"]
         assert len(seqs) == 1 and seqs[0]["status"] == "running" and seqs[0]["block_table"]
@@ -368,3 +369,14 @@ def test_chat_stream_disconnect_frees_blocks(server, http):
         assert ids == {"chat-n2-0", "chat-n2-1"}
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 2
+
+
+def test_duplicate_live_request_id_is_400(server, http):
+    body = {"model": MODEL, "prompt": PROMPTS[8], "max_tokens": LONG, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "dup-1"}) as resp:
+        events = sse_events(resp.iter_lines())
+        next(events)
+        r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers={"X-Request-Id": "dup-1"})
+        assert assert_error(r, 400, "X-Request-Id")["code"] == "duplicate_request_id"
+        assert next(events)["choices"][0]["finish_reason"] is None  # the first one goes on
+    wait_drained(server)

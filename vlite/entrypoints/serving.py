@@ -103,7 +103,10 @@ async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> Re
     try:
         return await state.engine.add_requests(requests)
     except RequestRejectedError as exc:
-        raise APIError(400, str(exc), param="prompt") from None
+        message = str(exc)
+        if "request id" in message:  # a client reused the X-Request-Id of a request still running
+            raise APIError(400, message, param="X-Request-Id", code="duplicate_request_id") from None
+        raise APIError(400, message, param="prompt") from None
     except EngineNotRunningError as exc:
         raise APIError(503, str(exc), code="service_unavailable") from None
 
