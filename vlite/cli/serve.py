@@ -19,6 +19,10 @@ import uvicorn
 from vlite.cli import common
 from vlite.entrypoints.state import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
+ServedNameOpt = typer.Option(None, "--served-model-name", help="Name(s) clients use in 'model' (default: the model's).")
+InjectFaultOpt = typer.Option(None, "--inject-fault",
+                              help="Plant a known defect (repeatable; for leak-check self-tests).")
+
 
 def serve(
     model: str = common.ModelOpt,
@@ -26,8 +30,7 @@ def serve(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="VLITE_API_KEY",
                                        help="Require 'Authorization: Bearer KEY' on every route but /health."),
-    served_model_name: list[str] = typer.Option(None, "--served-model-name",
-                                                help="Name(s) clients use in 'model' (default: the model's)."),
+    served_model_name: list[str] = ServedNameOpt,
     num_blocks: int | None = common.NumBlocksOpt,
     block_size: int = common.BlockSizeOpt,
     kv_cache_memory_bytes: int | None = common.KvBytesOpt,
@@ -43,8 +46,7 @@ def serve(
                                              help="Seconds between --log-stats lines."),
     enable_debug_endpoints: bool = typer.Option(False, "--enable-debug-endpoints",
                                                 help="Serve GET /debug/blocks (block manager state)."),
-    inject_fault: list[str] = typer.Option(None, "--inject-fault",
-                                           help="Plant a known defect (repeatable; for leak-check self-tests)."),
+    inject_fault: list[str] = InjectFaultOpt,
     max_request_body_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", min=1,
                                                help="Larger request bodies get 413."),
     uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level",

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from vlite.engine.llm_engine import LLMEngine
 from vlite.engine.metrics import EngineStats, format_log_stats
@@ -101,7 +101,7 @@ class RequestGroup:
         if live:
             self._engine.abort(live)
 
-    async def __aenter__(self) -> RequestGroup:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -281,7 +281,7 @@ class AsyncLLMEngine:
                                         request_id=r.request_id, origin=r.origin)
                 added.append(r.request_id)
                 self._live[r.request_id] = _Live(group, r)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
             for rid in added:
                 self._abort(rid, deliver=False)
             self._post(_set_future, done, None, exc)
@@ -310,7 +310,7 @@ class AsyncLLMEngine:
     def _call(self, fn: Callable[[LLMEngine], Any], done: asyncio.Future) -> None:
         try:
             result = fn(self.engine)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
             self._post(_set_future, done, None, exc)
         else:
             self._post(_set_future, done, result, None)

@@ -48,7 +48,7 @@ async def _load(state: ServerState, load_engine: Callable[[], LLMEngine], on_fat
     """Load the model off the event loop, then start the engine loop and mark the server ready."""
     try:
         engine = await asyncio.to_thread(load_engine)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any load failure ends the server with its message
         state.status = "failed"
         state.load_error = f"{type(exc).__name__}: {exc}"
         logger.error("failed to load the model: %s", state.load_error)

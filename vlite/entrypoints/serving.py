@@ -215,8 +215,8 @@ def with_cancellation(handler: Callable[..., Awaitable]) -> Callable[..., Awaita
                         request.url.path, request.state.request_id)
             try:
                 await work
-            except (asyncio.CancelledError, Exception):
-                pass
+            except (asyncio.CancelledError, Exception):  # nobody is left to answer
+                logger.debug("cancelled handler ended", exc_info=True)
             return None
         return work.result()
 

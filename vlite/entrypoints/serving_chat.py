@@ -69,7 +69,7 @@ def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
     try:
         text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=add_generation_prompt)
-    except Exception as exc:  # jinja errors (e.g. a role the template rejects)
+    except Exception as exc:  # noqa: BLE001 - jinja errors (e.g. a role the template rejects)
         raise APIError(400, f"the chat template failed on these messages: {exc}", param="messages") from None
     return text, tokenizer(text, add_special_tokens=False).input_ids
 
