@@ -61,6 +61,7 @@ class ReplayResult:
     idle_points: list[IdlePoint] = field(default_factory=list)
     start_time: float = 0.0
     end_time: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
@@ -74,11 +75,16 @@ class InProcessClient:
     Args:
         engine: the engine (stepped only by this client during ``replay``).
         probe: returns (num_used_blocks, rss_bytes or None) for an idle point.
+        stall_steps: steps without a new token or a finished request after which the client
+            gives up on everything in flight (a leak can exhaust the cache so that the
+            scheduler preempts forever); those requests end with outcome "stalled".
     """
 
-    def __init__(self, engine, probe: Callable[[], tuple[int, int | None]]) -> None:
+    def __init__(self, engine, probe: Callable[[], tuple[int, int | None]], stall_steps: int = 300) -> None:
         self.engine = engine
         self.probe = probe
+        self.stall_steps = stall_steps
+        self._quiet_steps = 0
 
     def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0) -> ReplayResult:
         """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
@@ -91,6 +97,7 @@ class InProcessClient:
         inflight: dict[str, tuple[RequestSpec, float]] = {}
         out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
         t0, in_wave, completed = out.start_time, 0, 0
+        self._idle_point(out, 0)  # the baseline
 
         def done(rid: str) -> None:
             nonlocal completed
@@ -118,6 +125,8 @@ class InProcessClient:
             self._check_timeouts(inflight, results, done)
             if engine.has_unfinished_requests():
                 self._step(inflight, results, done)
+                if self._quiet_steps >= self.stall_steps:
+                    self._give_up(out, inflight, results, done)
             elif inflight:  # the engine dropped requests the client still waits for
                 for rid in list(inflight):
                     results[rid].outcome, results[rid].detail = "lost", "engine has no unfinished request"
@@ -128,6 +137,17 @@ class InProcessClient:
         self._idle_point(out, completed)
         out.end_time = time.time()
         return out
+
+    def _give_up(self, out: ReplayResult, inflight, results, done) -> None:
+        s = self.engine.stats()
+        out.notes.append(f"the engine stalled: no token and no finished request in {self._quiet_steps} steps "
+                         f"({s.num_running} running, {s.num_waiting} waiting, {s.num_free_blocks} free of "
+                         f"{s.num_total_blocks} blocks); the client aborted its {len(inflight)} requests in flight")
+        for rid in list(inflight):
+            self._abort(rid, results[rid], "stalled engine: client gave up")
+            results[rid].outcome = "stalled" if results[rid].outcome == "aborted" else results[rid].outcome
+            done(rid)
+        self._quiet_steps = 0
 
     def _idle_point(self, out: ReplayResult, completed: int) -> None:
         used, rss = self.probe()
@@ -163,7 +183,9 @@ class InProcessClient:
                 done(rid)
 
     def _step(self, inflight, results, done) -> None:
-        for ro in self.engine.step():
+        outputs = self.engine.step()
+        self._quiet_steps = 0 if outputs else self._quiet_steps + 1
+        for ro in outputs:
             res = results.get(ro.request_id)
             if res is None or ro.request_id not in inflight:
                 continue

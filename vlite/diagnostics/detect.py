@@ -74,6 +74,7 @@ class Findings:
     drain: DrainCheck
     trends: list[Trend]
     leaked_blocks: list[dict]
+    by_request: list[dict]
     by_action: list[dict]
     by_site: list[dict]
     anomalies: list[dict]
@@ -150,7 +151,7 @@ def _suspected_path(row: dict, snap: Snapshot, in_tables: set[int]) -> str:
     live = set(snap.live_state.get("live_request_ids", []))
     if row.get("status") == "finished" and row["request_id"] in live:
         why = "the abort/disconnect path" if row.get("finish_reason") == "abort" else "the finish path"
-        return f"{why} raised before the release (ref_count stays 1, request entry kept)"
+        return f"{why} raised before the release (request entry kept)"
     if row["block_id"] not in in_tables:
         if row.get("num_preemptions"):
             return "dropped from the block table without a free (at preemption)"
@@ -200,9 +201,24 @@ def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdleP
     if not snap.has_ledger:
         notes.append("no ledger (debug endpoints off): counts only, no attribution")
     return Findings(drain, [trough_trend(idle_points), trough_trend(idle_points, "rss_bytes")], leaked,
-                    _group(df, "action_kind"), _group(df, "site"), anomalies, cpu,
+                    _by_request(leaked), _group(df, "action_kind"), _group(df, "site"), anomalies, cpu,
                     unattributed_blocks=max(0, drain.deficit_blocks - held_blocks) if snap.has_ledger else 0,
                     attribution_available=snap.has_ledger, notes=notes)
+
+
+def _by_request(leaked: list[dict]) -> list[dict]:
+    """One row per owner request: its blocks, sites, first step and oldest age (s)."""
+    rows: dict[str, dict] = {}
+    for b in leaked:
+        r = rows.setdefault(b["request_id"], {k: b.get(k) for k in (
+            "request_id", "client_action", "action_kind", "status", "finish_reason", "suspected_path")}
+                            | {"blocks": 0, "sites": set(), "step": b["step"], "age_s": b["age_s"]})
+        r["blocks"] += 1
+        r["sites"].add(b["site"])
+        r["step"], r["age_s"] = min(r["step"], b["step"]), max(r["age_s"], b["age_s"])
+    for r in rows.values():
+        r["sites"] = ", ".join(sorted(r["sites"]))
+    return sorted(rows.values(), key=lambda r: r["step"])
 
 
 def cpu_state(snap: Snapshot, plan: dict[str, RequestResult]) -> dict:

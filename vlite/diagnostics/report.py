@@ -13,6 +13,7 @@ from rich.table import Table
 
 REPORT_VERSION = 1
 _BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path")
+_REQ_COLS = ("request_id", "client_action", "finish_reason", "blocks", "sites", "step", "age_s", "suspected_path")
 
 
 def _trend_line(t) -> str:
@@ -48,7 +49,7 @@ def print_report(run, console: Console | None = None) -> None:
                              ("action_kind", "blocks", "references", "requests")))
         console.print(_table("Leaked blocks by allocation site", f.by_site, ("site", "blocks", "references",
                                                                              "requests")))
-        console.print(_table("Blocks still held (oldest first)", f.leaked_blocks, ("block_id",) + _BLOCK_COLS))
+        console.print(_table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12))
     if f.anomalies:
         console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
                                                                "step")))
@@ -100,6 +101,7 @@ def report_markdown(run, plots: list[str]) -> str:
            "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
                                                                           "requests")),
            "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),
+           "## Leaked blocks by owner request\n", _md_table(f.by_request, _REQ_COLS),
            "## Blocks still held\n", _md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
            "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
            "## CPU-side state\n", "Orphan block tables:\n\n",

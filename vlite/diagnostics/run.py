@@ -45,6 +45,7 @@ def run_in_process(engine, specs: list[RequestSpec], *, max_concurrency: int = 3
     sampler.sample()  # the drained state, after the last step
     snap = snapshot.from_engine(engine)
     findings = detect(snap, replay.requests, replay.idle_points)
+    findings.notes.extend(replay.notes)
     if memory.note:
         findings.notes.append(memory.note)
     facts = {"target": "in-process", "model": engine.model_name, "device": engine.device.type,

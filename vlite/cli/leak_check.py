@@ -1,0 +1,180 @@
+"""``vlite leak-check``: replay a workload with injected client aborts, sample memory and the
+free list, drain, and report leaked KV blocks (and per-request state) by origin.
+
+Exit code: 0 clean, 1 leak found (or a scenario failed), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from vlite.cli import common
+
+_MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
+
+
+def _range(text: str, name: str) -> tuple[int, int]:
+    try:
+        lo, _, hi = text.partition(":")
+        return int(lo), int(hi or lo)
+    except ValueError:
+        common.fail(f"{name} must be MIN:MAX tokens (e.g. 16:64), got {text!r}")
+
+
+def leak_check(
+    model: str = common.ModelOpt,
+    workload: str = typer.Option("synthetic", "--workload", "-w",
+                                 help="'synthetic', a JSONL trace (.jsonl), or a ShareGPT file (.json)."),
+    num_requests: int = typer.Option(200, "--num-requests", "-n", min=1, help="Requests (synthetic/ShareGPT)."),
+    input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
+    output_len: str = typer.Option("8:48", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
+    request_rate: float = typer.Option(float("inf"), "--request-rate",
+                                       help="Poisson arrival rate, requests/s (inf = all at once)."),
+    max_concurrency: int = typer.Option(32, "--max-concurrency", min=1, help="Most requests in flight."),
+    idle_every: int | None = typer.Option(None, "--idle-every", min=0,
+                                          help="Wait for the engine to go idle after every N requests, giving the "
+                                               "trend its troughs (default: num_requests/10; 0 = never)."),
+    abort_rate: float = typer.Option(0.0, "--abort-rate", min=0.0, max=1.0, help="Fraction of requests aborted."),
+    abort_mode: str = typer.Option("mix", "--abort-mode", help=_MIX_HELP),
+    url: str | None = typer.Option(None, "--url", help="Target a running `vlite serve` (http://host:port)."),
+    sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", min=1.0, help="Sampling period, ms."),
+    report: Path | None = typer.Option(None, "--report", help="Write report.json, samples.csv, report.md, PNGs here."),
+    scenario: str | None = typer.Option(None, "--scenario", help="Run a fixed scenario by name, or 'all'."),
+    inject_fault: list[str] = typer.Option([], "--inject-fault",
+                                           help="Plant a known defect (testing the detector); repeatable."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
+    num_blocks: int | None = common.NumBlocksOpt,
+    block_size: int = common.BlockSizeOpt,
+    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
+    max_num_seqs: int = common.MaxSeqsOpt,
+    max_num_batched_tokens: int = common.MaxBatchedOpt,
+    dtype: str = common.DtypeOpt,
+    device: str | None = common.DeviceOpt,
+) -> None:
+    """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
+    from vlite.diagnostics.actions import ABORT_MODES
+    from vlite.engine.faults import FAULTS
+
+    console = Console()
+    if abort_mode not in ABORT_MODES:
+        common.fail(f"unknown --abort-mode {abort_mode!r}; choose one of: {', '.join(ABORT_MODES)}")
+    for f in inject_fault:
+        if f not in FAULTS:
+            common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
+    if url and scenario:
+        common.fail("--scenario runs in process; it cannot be combined with --url")
+    if url and inject_fault:
+        common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
+    interval_s = sample_interval_ms / 1000.0
+    t_start = time.time()
+
+    if scenario:
+        sys.exit(_run_scenarios(scenario, console, report, model, num_blocks, block_size, kv_cache_memory_bytes,
+                                max_num_seqs, max_num_batched_tokens, dtype, device, seed, tuple(inject_fault),
+                                interval_s))
+
+    specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
+                           _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
+                           count_tokens=None)
+    every = idle_every if idle_every is not None else max(1, len(specs) // 10)
+    info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
+            "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
+    if url:
+        from vlite.diagnostics.http_target import TargetError, run_http
+
+        try:
+            run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
+                           sample_interval_s=interval_s, info=info)
+        except TargetError as exc:
+            common.fail(str(exc))
+    else:
+        from vlite.diagnostics.run import run_in_process
+
+        config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
+                                            max_num_batched_tokens, None, dtype, device, seed=seed,
+                                            inject_faults=tuple(inject_fault))
+        engine = common.load_engine(config)
+        console.print(f"leak-check: {len(specs)} requests on {engine.model_name} ({engine.device.type}), "
+                      f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
+                      highlight=False)
+        run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
+                             sample_interval_s=interval_s, info=info)
+    run.info["total_s"] = round(time.time() - t_start, 2)
+    _finish(run, console, report)
+    sys.exit(1 if run.findings.leak else 0)
+
+
+def _load_workload(workload, num_requests, input_len, output_len, request_rate, abort_rate, abort_mode, seed,
+                   count_tokens):
+    from vlite.diagnostics import workload as wl
+
+    try:
+        if workload == "synthetic":
+            return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
+                                         request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
+                                         seed=seed)
+        path = Path(workload)
+        if not path.is_file():
+            common.fail(f"--workload {workload!r}: not 'synthetic' and no such file")
+        if path.suffix == ".jsonl":
+            return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed)
+        return wl.sharegpt_workload(path, num_requests, count_tokens=count_tokens, max_output_len=output_len[1],
+                                    request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
+                                    seed=seed)
+    except ValueError as exc:
+        common.fail(str(exc))
+
+
+def _finish(run, console: Console, report: Path | None) -> None:
+    from vlite.diagnostics.report import print_report, write_report
+
+    print_report(run, console)
+    console.print(f"{len(run.replay.requests)} requests in {run.info.get('replay_s')} s "
+                  f"(total {run.info.get('total_s')} s); {len(run.samples)} samples", highlight=False)
+    if report is not None:
+        try:
+            write_report(run, report)
+        except OSError as exc:
+            common.fail(f"cannot write the report to {report}: {exc}")
+        console.print(f"report written to {report}/ (report.json, samples.csv, report.md, *.png)", highlight=False)
+
+
+def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_bytes, max_num_seqs, max_batched, dtype,
+                   device, seed, faults, interval_s) -> int:
+    from rich.table import Table
+
+    from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
+    from vlite.engine.loader import ModelNotFoundError, load_checkpoint
+
+    if name != "all" and name not in SCENARIOS:
+        common.fail(f"unknown --scenario {name!r}; choose 'all' or one of: {', '.join(SCENARIOS)}")
+    chosen = list(SCENARIOS.values()) if name == "all" else [SCENARIOS[name]]
+    config = common.build_engine_config(model, num_blocks, block_size, kv_bytes, 0.9, max_num_seqs, max_batched, None,
+                                        dtype, device, seed=seed)
+    try:
+        with common.err_console.status(f"Loading {model} ..."):
+            ckpt = load_checkpoint(model)
+    except (ModelNotFoundError, ValueError) as exc:
+        common.fail(str(exc))
+    table = Table(title="leak-check scenarios", title_justify="left")
+    for col in ("scenario", "result", "verdict", "failed checks"):
+        table.add_column(col, overflow="fold")
+    failed = 0
+    for sc in chosen:
+        res = run_scenario(sc, ckpt, config, faults, interval_s)
+        failed += not res.passed
+        bad = "; ".join(f"{what}: {detail}" for what, ok, detail in res.checks if not ok)
+        table.add_row(sc.name, "[green]pass[/]" if res.passed else "[red]FAIL[/]", res.run.findings.summary(), bad)
+        if not res.passed:
+            console.rule(f"{sc.name}: {sc.description}")
+            _finish(res.run, console, report / sc.name if report else None)
+        elif report:
+            _finish(res.run, Console(quiet=True), report / sc.name)
+    console.print(table)
+    console.print(f"{len(chosen) - failed}/{len(chosen)} scenarios passed", highlight=False)
+    return 1 if failed else 0

@@ -1,0 +1,242 @@
+"""HTTP target: replay a workload against a running ``vlite serve`` with real clients that
+really disconnect, scrape ``/metrics`` while it runs, and read ``/debug/blocks`` at the end.
+
+Each request gets its own httpx connection, so closing the client closes the TCP
+connection: that is the disconnect the server has to notice. The request id goes in
+``X-Request-Id``, the planned client action in ``X-Vlite-Client-Action`` and the tag in
+``X-Vlite-Client-Tag``, so the server's ledger names the same origin the client planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from urllib.parse import urlparse
+
+import httpx
+import psutil
+
+from vlite.diagnostics import snapshot
+from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
+from vlite.diagnostics.detect import detect
+from vlite.diagnostics.run import RunResult
+from vlite.diagnostics.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.workload import RequestSpec
+
+IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
+
+
+class TargetError(RuntimeError):
+    """The server cannot be reached or does not look like ``vlite serve``."""
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Gauge values of a Prometheus text page (first sample of each family), by metric name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, s.value)
+    return out
+
+
+def metrics_block_stats(base: str, client: httpx.Client):
+    """A sampler source scraping ``{base}/metrics`` (blocks and requests)."""
+
+    def read() -> dict:
+        m = parse_metrics(client.get(f"{base}/metrics", timeout=5).text)
+        total, free = int(m["vlite:num_total_blocks"]), int(m["vlite:num_free_blocks"])
+        cached = int(m.get("vlite:num_cached_blocks", 0))
+        return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
+                "num_used_blocks": total - free - cached, "num_running": int(m.get("vlite:num_requests_running", 0)),
+                "num_waiting": int(m.get("vlite:num_requests_waiting", 0))}
+    return read
+
+
+def server_pid(base: str) -> int | None:
+    """The pid of the local process listening on the URL's port, if it can be seen (else None)."""
+    port = urlparse(base).port
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return c.pid
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
+async def _one(base: str, spec: RequestSpec, res: RequestResult) -> None:
+    """Send one completion request and carry out its client action."""
+    a = spec.action
+    body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
+            "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "stream": a.streams}
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label}
+    if spec.client_tag:
+        headers["X-Vlite-Client-Tag"] = spec.client_tag
+    res.arrival_time = time.time()
+    timeout = httpx.Timeout(a.timeout_s if a.kind == "client-timeout" else 300.0, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        req = client.build_request("POST", f"{base}/v1/completions", json=body, headers=headers)
+        try:
+            if a.kind == "abort-waiting":
+                # Give up right after sending: usually before the engine schedules it.
+                try:
+                    resp = await asyncio.wait_for(client.send(req, stream=True), timeout=0.01)
+                    await resp.aclose()
+                except asyncio.TimeoutError:
+                    pass
+                _aborted(res, "closed the connection right after sending")
+                return
+            if not a.streams:
+                resp = await client.send(req)
+                _finished_json(res, resp)
+                return
+            resp = await client.send(req, stream=True)
+            try:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    res.outcome, res.detail = ("rejected" if resp.status_code == 400 else "error",
+                                               f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    return
+                if a.kind == "abort-prefill":
+                    _aborted(res, "closed the stream after the headers, before the first token")
+                    return
+                await _read_stream(resp, res, a.after_tokens if a.kind in ("abort-after-tokens",
+                                                                           "disconnect-stream") else None)
+            finally:
+                await resp.aclose()
+        except httpx.TimeoutException:
+            _aborted(res, f"client timed out after {a.timeout_s:.2f} s and closed the connection")
+        except httpx.HTTPError as exc:
+            res.outcome, res.detail = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            res.end_time = res.end_time or time.time()
+
+
+def _aborted(res: RequestResult, detail: str) -> None:
+    res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
+    res.abort_time = res.end_time = time.time()
+
+
+def _finished_json(res: RequestResult, resp: httpx.Response) -> None:
+    if resp.status_code != 200:
+        res.outcome = "rejected" if resp.status_code == 400 else "error"
+        res.detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        return
+    choice = resp.json()["choices"][0]
+    res.outcome, res.finish_reason = ("error" if choice.get("finish_reason") == "error" else "finished",
+                                      choice.get("finish_reason"))
+    res.num_output_tokens = resp.json().get("usage", {}).get("completion_tokens", 0)
+
+
+async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int | None) -> None:
+    chunks = 0
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data.strip() == "[DONE]":
+            res.outcome = res.outcome if res.outcome == "error" else "finished"
+            return
+        choice = (json.loads(data).get("choices") or [{}])[0]
+        if choice.get("text"):
+            chunks += 1
+            res.num_output_tokens = chunks
+        if choice.get("finish_reason"):
+            res.finish_reason = choice["finish_reason"]
+            if res.finish_reason == "error":
+                res.outcome = "error"
+        if stop_after is not None and chunks >= stop_after and not res.finish_reason:
+            _aborted(res, f"disconnected after {chunks} chunks")
+            return
+    res.outcome = "finished" if res.finish_reason else "error"
+    res.detail = res.detail or ("" if res.finish_reason else "stream ended without [DONE]")
+
+
+async def _wait_idle(base: str, client: httpx.AsyncClient) -> bool:
+    """Poll /metrics until nothing runs or waits twice in a row (bounded by IDLE_TIMEOUT_S)."""
+    deadline, quiet = time.time() + IDLE_TIMEOUT_S, 0
+    while time.time() < deadline:
+        m = parse_metrics((await client.get(f"{base}/metrics")).text)
+        quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
+            else 0
+        if quiet >= 2:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
+                  probe) -> ReplayResult:
+    results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
+    out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
+    ordered = sorted(specs, key=lambda s: s.arrival_s)
+    sem = asyncio.Semaphore(max_concurrency)
+    t0, completed = out.start_time, 0
+
+    async def launch(spec: RequestSpec) -> None:
+        await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
+        async with sem:
+            await _one(base, spec, results[spec.request_id])
+
+    async with httpx.AsyncClient(timeout=10.0) as admin:
+        await _wait_idle(base, admin)
+        out.idle_points.append(IdlePoint(time.time(), 0, *probe()))
+        step = idle_every or len(ordered)
+        for i in range(0, len(ordered), step):
+            wave = ordered[i:i + step]
+            await asyncio.gather(*(launch(s) for s in wave))
+            completed += len(wave)
+            if not await _wait_idle(base, admin):
+                break  # still busy after the bound: the final snapshot will say it is not quiescent
+            out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
+    out.end_time = time.time()
+    return out
+
+
+def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
+             sample_interval_s: float = 0.1, info: dict | None = None) -> RunResult:
+    """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
+
+    Raises:
+        TargetError: the server is unreachable or has no vlite block metrics.
+    """
+    base = url.rstrip("/")
+    sync = httpx.Client(timeout=10.0)
+    source = metrics_block_stats(base, sync)
+    try:
+        source()
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise TargetError(f"{base}/metrics is not a vlite server's metrics page: {type(exc).__name__}: {exc}") from exc
+    pid = server_pid(base)
+    memory = MemoryProbe(pid=pid)
+    sampler = Sampler(source, memory, sample_interval_s).start()
+
+    def probe() -> tuple[int, int | None]:
+        row = source()
+        return row["num_used_blocks"], memory.read().get("rss_bytes")
+
+    t0 = time.time()
+    try:
+        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe))
+    finally:
+        sampler.stop()
+    sampler.sample()
+    debug = sync.get(f"{base}/debug/blocks")
+    snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
+        snapshot.from_metrics(parse_metrics(sync.get(f"{base}/metrics").text))
+    sync.close()
+    findings = detect(snap, replay.requests, replay.idle_points)
+    if pid is None:
+        findings.notes.append("server process not found locally: no RSS samples")
+    if memory.note:
+        findings.notes.append(memory.note)
+    facts = {"target": "http", "url": base, "server_pid": pid, "num_total_blocks": snap.num_total_blocks,
+             "num_requests": len(specs), "debug_endpoints": debug.status_code == 200,
+             "gpu_source": memory.gpu_source, "replay_s": round(time.time() - t0, 2),
+             "num_preemptions_total": None, "sampler_errors": sampler.errors, **(info or {})}
+    return RunResult(findings, sampler.frame(), replay, facts)
