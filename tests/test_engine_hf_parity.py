@@ -59,7 +59,8 @@ def _check_parity(ckpt, prompts, max_tokens, **engine_kwargs):
         assert out.outputs[0].text == ckpt.tokenizer.decode(ref, skip_special_tokens=True)
     stats = engine.stats()
     assert stats.num_preemptions_total > 0, "the small cache was meant to force preemption"
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_total_blocks
+    assert stats.kv_cache_usage == 0.0
     return engine
 
 

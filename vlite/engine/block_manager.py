@@ -7,6 +7,14 @@ to physical ones; a block returns to the free block queue when its ref_count rea
 
 Every allocation is written to the ``BlockLedger`` (owner, site, step, time) and every free
 clears it, so a block still held when the engine is idle can be named by its owner.
+
+Sharing (ref_count > 1) comes from three places: prefix caching (a full block whose tokens and
+prefix match is reused; the key is a hash chained over the parent block's hash and the block's
+token ids, as in vLLM's automatic prefix caching, with token equality confirmed on a hit),
+fork (parallel sampling n > 1 and beam search: a child shares all its parent's blocks), and
+copy-on-write (the first write into a shared partial block copies it first). A freed block
+that holds a cached full block stays in the free queue as *evictable* until its slot is
+needed; it is counted in ``num_cached_blocks``, not in ``num_free_blocks`` nor in usage.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class AllocationSite(str, enum.Enum):
 
     PREFILL = "prefill"
     DECODE_APPEND = "decode append"
+    PREFIX_HIT = "prefix cache hit"
     FORK = "fork"
     COPY_ON_WRITE = "copy-on-write"
 
@@ -32,11 +41,14 @@ class AllocationSite(str, enum.Enum):
 class PhysicalBlock:
     """One physical KV block: ``block_size`` token slots in every layer's K and V cache."""
 
-    __slots__ = ("block_id", "ref_count")
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
+        # Set while the block holds a cached full block (prefix caching).
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None
 
 
 class FreeBlockQueue:
@@ -104,6 +116,10 @@ class BlockLedger:
         if self.enabled:
             self._held.pop((seq_id, block_id), None)
 
+    def site_of(self, seq_id: int, block_id: int) -> AllocationSite | None:
+        entry = self._held.get((seq_id, block_id))
+        return entry.site if entry else None
+
     def record_anomaly(self, anomaly: LedgerAnomaly) -> None:
         self._anomalies.append(anomaly)
 
@@ -123,12 +139,14 @@ class BlockStats:
     """A snapshot of the block manager's counters (blocks, and the usage fraction 0..1)."""
 
     num_total_blocks: int
-    num_free_blocks: int
-    num_used_blocks: int
-    num_cached_blocks: int
-    kv_cache_usage: float
+    num_free_blocks: int      # free and empty
+    num_used_blocks: int      # ref_count > 0 (held by live sequences)
+    num_cached_blocks: int    # free but holding a cached full block (evictable)
+    kv_cache_usage: float     # num_used_blocks / num_total_blocks
     num_block_tables: int
     num_ledger_entries: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0     # of which found cached
 
 
 class BlockManager:
@@ -139,6 +157,7 @@ class BlockManager:
         block_size: tokens per block.
         enable_ledger: record every allocation (on by default; off only to measure its cost).
         faults: planted faults for the leak checker's self-test.
+        enable_prefix_caching: keep freed full blocks as evictable cache entries and reuse them.
 
     Block tables map ``seq_id`` to the list of physical block ids for logical blocks 0, 1, ...
     A token at position p of a sequence lives in slot ``table[p // block_size] * block_size
@@ -146,7 +165,7 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_ledger: bool = True,
-                 faults: FaultSet | None = None) -> None:
+                 faults: FaultSet | None = None, enable_prefix_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_total_blocks = num_blocks
@@ -157,6 +176,13 @@ class BlockManager:
         self.ledger = BlockLedger(enable_ledger)
         self.faults = faults or FaultSet()
         self.current_step = 0
+        self.enable_prefix_caching = enable_prefix_caching
+        self.cached_blocks: dict[int, int] = {}  # block hash -> block id
+        self._num_evictable = 0  # blocks in the free queue that hold a cached block
+        self._num_hashed: dict[int, int] = {}  # seq_id -> leading full blocks already registered
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # ---- queries -------------------------------------------------------------------------
     def num_required_blocks(self, num_tokens: int) -> int:
@@ -165,11 +191,22 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Free blocks that hold nothing (cached-evictable ones are counted separately)."""
+        return len(self.free_block_queue) - self._num_evictable
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a cached full block (evictable, not leaked)."""
+        return self._num_evictable
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        """Blocks an allocation may take: free plus evictable."""
         return len(self.free_block_queue)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_total_blocks - self.num_free_blocks
+        return self.num_total_blocks - len(self.free_block_queue)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -181,10 +218,12 @@ class BlockManager:
             num_total_blocks=self.num_total_blocks,
             num_free_blocks=self.num_free_blocks,
             num_used_blocks=self.num_used_blocks,
-            num_cached_blocks=0,
+            num_cached_blocks=self.num_cached_blocks,
             kv_cache_usage=self.kv_cache_usage,
             num_block_tables=len(self.block_tables),
             num_ledger_entries=len(self.ledger),
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
         )
 
     def get_block_table(self, seq_id: int) -> list[int]:
@@ -195,33 +234,146 @@ class BlockManager:
         """ref_count of every physical block, indexed by block id (a copy)."""
         return [b.ref_count for b in self.blocks]
 
-    def num_blocks_to_grow(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Blocks ``seq`` still needs for its next ``num_new_tokens`` tokens."""
-        needed = self.num_required_blocks(seq.num_computed_tokens + num_new_tokens)
-        return max(0, needed - len(self.block_tables.get(seq.seq_id, ())))
+    def num_blocks_to_grow(self, seq: Sequence, num_new_tokens: int, num_prefix_hits: int = 0) -> int:
+        """Blocks ``seq`` still needs for its next ``num_new_tokens`` tokens (after
+        ``num_prefix_hits`` cached blocks), counting a copy-on-write of a shared partial block."""
+        table = self.block_tables.get(seq.seq_id, ())
+        start = seq.num_computed_tokens + num_prefix_hits * self.block_size
+        needed = self.num_required_blocks(start + num_new_tokens)
+        grow = max(0, needed - len(table) - num_prefix_hits)
+        if num_new_tokens and self._needs_copy_on_write(table, start):
+            grow += 1
+        return grow
+
+    def _needs_copy_on_write(self, table, position: int) -> bool:
+        idx = position // self.block_size
+        return idx < len(table) and self.blocks[table[idx]].ref_count > 1
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Whether the next ``num_new_tokens`` of ``seq`` fit in the free blocks."""
-        return self.num_blocks_to_grow(seq, num_new_tokens) <= self.num_free_blocks
+        """Whether the next ``num_new_tokens`` of ``seq`` fit in the free and evictable blocks."""
+        return self.num_blocks_to_grow(seq, num_new_tokens) <= self.num_allocatable_blocks
 
     # ---- allocation ----------------------------------------------------------------------
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, site: AllocationSite) -> bool:
+    def find_prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks matching ``seq``'s leading full blocks (no side effects).
+
+        Stops before the block holding the last token: that token is always computed, so
+        its logits exist. Empty unless prefix caching is on and ``seq`` holds no blocks.
+        """
+        if not self.enable_prefix_caching or seq.seq_id in self.block_tables or seq.num_computed_tokens:
+            return []
+        hits = []
+        tokens = seq.all_token_ids
+        for i in range((len(tokens) - 1) // self.block_size):
+            block_id = self.cached_blocks.get(self._block_hash(seq, i))
+            chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+            if block_id is None or self.blocks[block_id].token_ids != chunk:  # confirm on a hit
+                break
+            hits.append(block_id)
+        return hits
+
+    def _block_hash(self, seq: Sequence, i: int) -> int:
+        """Hash of logical block i: chained over the parent block's hash and its token ids."""
+        hashes = seq.block_hashes
+        tokens = seq.all_token_ids
+        while len(hashes) <= i:
+            j = len(hashes)
+            parent = hashes[j - 1] if j else None
+            hashes.append(hash((parent, tuple(tokens[j * self.block_size:(j + 1) * self.block_size]))))
+        return hashes[i]
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, site: AllocationSite,
+                       prefix_hits: list[int] | None = None) -> bool:
         """Grow ``seq``'s block table to cover ``num_new_tokens`` more tokens.
 
-        All or nothing: returns False, allocating nothing, when the free blocks do not suffice.
+        ``prefix_hits`` (from ``find_prefix_hits``) are taken first; the caller then counts
+        them as computed. A shared block about to be written is copied first (copy-on-write;
+        the (src, dst) pair is queued in ``pending_copies`` for the model runner).
+        All or nothing: returns False, changing nothing, when the blocks do not suffice.
         """
-        num_new_blocks = self.num_blocks_to_grow(seq, num_new_tokens)
-        if num_new_blocks > self.num_free_blocks:
+        hits = prefix_hits or []
+        num_new_blocks = self.num_blocks_to_grow(seq, num_new_tokens, len(hits))
+        hits_from_queue = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        if num_new_blocks + hits_from_queue > self.num_allocatable_blocks:
             return False
         table = self.block_tables.setdefault(seq.seq_id, [])
         now = time.time()
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self.free_block_queue.remove(block_id)
+                self._num_evictable -= 1
+            block.ref_count += 1
+            table.append(block_id)
+            self._record(block_id, seq, AllocationSite.PREFIX_HIT, now)
+        if hits:
+            self._num_hashed[seq.seq_id] = len(hits)
+        start = seq.num_computed_tokens + len(hits) * self.block_size
+        if num_new_tokens and self._needs_copy_on_write(table, start):
+            idx = start // self.block_size
+            src = table[idx]
+            dst = self._pop_free_block()
+            self.pending_copies.append((src, dst))
+            table[idx] = dst
+            self._release(src, seq)
+            self._record(dst, seq, AllocationSite.COPY_ON_WRITE, now)
+            num_new_blocks -= 1
         for _ in range(num_new_blocks):
-            block = self.blocks[self.free_block_queue.popleft()]
-            block.ref_count = 1
-            table.append(block.block_id)
-            self.ledger.record(LedgerEntry(block.block_id, seq.seq_id, seq.request_id, site,
-                                           self.current_step, now))
+            block_id = self._pop_free_block()
+            table.append(block_id)
+            self._record(block_id, seq, site, now)
         return True
+
+    def _pop_free_block(self) -> int:
+        """Take the least recently freed block, evicting its cached content if it has any."""
+        block = self.blocks[self.free_block_queue.popleft()]
+        if block.block_hash is not None:
+            self._num_evictable -= 1
+            if self.cached_blocks.get(block.block_hash) == block.block_id:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_count = 1
+        return block.block_id
+
+    def _record(self, block_id: int, seq: Sequence, site: AllocationSite, now: float) -> None:
+        self.ledger.record(LedgerEntry(block_id, seq.seq_id, seq.request_id, site, self.current_step, now))
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register ``seq``'s newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables.get(seq.seq_id)
+        if not table:
+            return
+        done = self._num_hashed.get(seq.seq_id, 0)
+        full = min(seq.num_computed_tokens // self.block_size, len(table))
+        tokens = seq.all_token_ids
+        for i in range(done, full):
+            block = self.blocks[table[i]]
+            if block.block_hash is None:
+                h = self._block_hash(seq, i)
+                if h not in self.cached_blocks:  # identical content elsewhere: keep the first copy
+                    block.block_hash = h
+                    block.token_ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+                    self.cached_blocks[h] = block.block_id
+        self._num_hashed[seq.seq_id] = max(done, full)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` the parent's blocks by reference (site: fork). The first write into
+        a shared partial block is a copy-on-write."""
+        table = list(self.block_tables.get(parent.seq_id, ()))
+        self.block_tables[child.seq_id] = table
+        self._num_hashed[child.seq_id] = self._num_hashed.get(parent.seq_id, 0)
+        now = time.time()
+        for block_id in table:
+            self.blocks[block_id].ref_count += 1
+            self._record(block_id, child, AllocationSite.FORK, now)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write (src, dst) block pairs to apply before the next forward."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Allocate blocks for a prefill chunk of ``num_new_tokens`` tokens (site: prefill)."""
@@ -234,9 +386,11 @@ class BlockManager:
     def free(self, seq: Sequence) -> int:
         """Release every block of ``seq``: the one free path for every way a sequence ends.
 
-        Safe to call twice (the second call finds no table and frees nothing). Returns the
-        number of block references dropped.
+        Blocks are released tail first, so that with prefix caching the blocks furthest
+        from a prompt's start are evicted first. Safe to call twice (the second call finds
+        no table and frees nothing). Returns the number of block references dropped.
         """
+        self._num_hashed.pop(seq.seq_id, None)
         if self.faults.active("orphan-block-table"):
             table = self.block_tables.get(seq.seq_id, [])
             if not table:
@@ -246,7 +400,10 @@ class BlockManager:
             table = self.block_tables.pop(seq.seq_id, None)
             if not table:
                 return 0
+        skip_forked = self.faults.active("refcount-not-decremented-on-fork") and seq.parent_seq_id is not None
         for block_id in reversed(table):
+            if skip_forked and self.ledger.site_of(seq.seq_id, block_id) is AllocationSite.FORK:
+                continue  # planted: the reference taken at fork is never dropped
             self._release(block_id, seq)
         if self.faults.active("double-free"):
             self._release(table[-1], seq)
@@ -258,6 +415,8 @@ class BlockManager:
         self.ledger.clear(seq.seq_id, block_id)
         if block.ref_count == 0:
             self.free_block_queue.append(block_id)
+            if block.block_hash is not None:
+                self._num_evictable += 1
         elif block.ref_count < 0:
             self.ledger.record_anomaly(LedgerAnomaly("double free", block_id, seq.seq_id, seq.request_id,
                                                      self.current_step, time.time()))

@@ -18,12 +18,14 @@ class CacheConfig:
         ``gpu_memory_utilization`` on CUDA.
     kv_cache_memory_bytes: byte budget for K and V of all layers (CPU sizing).
     gpu_memory_utilization: fraction of device memory the engine may use (CUDA sizing).
+    enable_prefix_caching: reuse cached full blocks across requests (on by default, as in vLLM).
     """
 
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

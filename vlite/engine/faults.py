@@ -12,6 +12,7 @@ FAULTS: dict[str, str] = {
     "leak-on-preempt": "recompute preemption forgets to free the preempted sequence's blocks",
     "orphan-block-table": "free releases the blocks but keeps the sequence's block table entry",
     "double-free": "free releases a sequence's last block twice (ref_count goes below 0)",
+    "refcount-not-decremented-on-fork": "freeing a forked child (n > 1, beam search) skips its shared blocks",
     "raise-in-step": "the model runner raises for a request whose client tag is 'raise-in-step'",
 }
 

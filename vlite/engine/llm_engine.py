@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlite.engine.beam_search import BeamState
 from vlite.engine.block_manager import BlockManager, LedgerAnomaly
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from vlite.engine.detokenizer import detokenize_incrementally, find_stop_string, init_detokenizer, stop_holdback
@@ -26,6 +27,7 @@ from vlite.engine.metrics import EngineStats
 from vlite.engine.model_runner import ModelRunner, SequenceError, kv_cache_bytes_per_block
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vlite.engine.sampler import sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import Scheduler
 from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
@@ -52,6 +54,27 @@ class RequestRecord:
     num_preemptions: int = 0
     finished_time: float | None = None
     error: str | None = None
+
+
+@dataclass
+class RequestGroup:
+    """The sequences of one request: 1, n (parallel sampling) or the beams of a beam search."""
+
+    request_id: str
+    params: SamplingParams
+    origin: RequestOrigin
+    seqs: list[Sequence]
+    beam: BeamState | None = None
+    _next_index: int = 1
+
+    @property
+    def needs_logits(self) -> bool:
+        """Raw logits are needed to fork n samples after the prompt, or to rank beams."""
+        return self.beam is not None or (self.params.n > 1 and len(self.seqs) == 1)
+
+    def next_index(self) -> int:
+        self._next_index += 1
+        return self._next_index - 1
 
 
 @dataclass(frozen=True)
@@ -114,7 +137,7 @@ class LLMEngine:
         self.bytes_per_block = kv_cache_bytes_per_block(self.model, cache.block_size, self.dtype)
         num_blocks = cache.num_blocks or self._size_kv_cache()
         self.block_manager = BlockManager(num_blocks, cache.block_size, enable_ledger=config.enable_ledger,
-                                          faults=self.faults)
+                                          faults=self.faults, enable_prefix_caching=cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults)
         self.model_runner = ModelRunner(self.model, num_blocks, cache.block_size, self.device, self.dtype,
                                         self.faults, seed=config.seed)
@@ -125,6 +148,7 @@ class LLMEngine:
                 self.model, self.model_runner.kv_caches, cache.block_size, config.scheduler.max_num_seqs,
                 self.max_model_len, self.device)
         self._records: dict[int, RequestRecord] = {}
+        self._groups: dict[str, RequestGroup] = {}
         self._finished_order: OrderedDict[int, None] = OrderedDict()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -227,7 +251,12 @@ class LLMEngine:
             raise RequestRejectedError(f"request id {request_id!r} is already in use by a live request")
         seq = Sequence(request_id, prompt, prompt_token_ids, params, origin, self.eos_token_ids)
         init_detokenizer(seq)
+        group = RequestGroup(request_id, params, origin, [seq])
+        if params.beam_width > 1:
+            group.beam = BeamState(params.beam_width, params.length_penalty, params.max_tokens,
+                                   frozenset() if params.ignore_eos else self.eos_token_ids, running=[seq])
         self.scheduler.add_sequence(seq)
+        self._groups[request_id] = group
         self._records[seq.seq_id] = RequestRecord(seq.seq_id, origin, seq.num_prompt_tokens)
         return request_id
 
@@ -238,26 +267,31 @@ class LLMEngine:
                 f"this model's maximum context length is {self.max_model_len} tokens, but the request "
                 f"asks for {total} ({num_prompt_tokens} prompt + {params.max_tokens} max_tokens); "
                 "shorten the prompt or lower max_tokens")
-        needed = self.block_manager.num_required_blocks(total)
+        # n samples or W beams must be able to hold their blocks at the same time.
+        width = max(params.n, params.beam_width)
+        needed = width * self.block_manager.num_required_blocks(total)
         if needed > self.block_manager.num_total_blocks:
             raise RequestRejectedError(
-                f"the request needs {needed} KV blocks ({total} tokens at block_size {self.block_size}) but the "
-                f"whole KV cache has {self.block_manager.num_total_blocks}; lower max_tokens or raise --num-blocks")
+                f"the request needs {needed} KV blocks ({width} x {total} tokens at block_size {self.block_size}) but "
+                f"the whole KV cache has {self.block_manager.num_total_blocks}; lower max_tokens or raise --num-blocks")
 
     def abort(self, request_id: str) -> bool:
-        """Abort a live request in any state; its blocks go back to the free list.
+        """Abort a live request (every sequence of it) in any state; its blocks go back to
+        the free list.
 
         Returns False if no live request has that id (already finished or unknown).
         Raises:
             PlantedFault: only with the planted ``skip-free-on-abort`` fault.
         """
-        seq = self.scheduler.requests.get(request_id)
-        if seq is None or seq.is_finished:
+        seqs = list(self.scheduler.requests.get(request_id, ()))
+        if not seqs:
             return False
         try:
-            self.scheduler.finish_sequence(seq, FinishReason.ABORT)
+            self.scheduler.abort(request_id)
         finally:
-            self._record_finish(seq)
+            for seq in seqs:
+                self._record_finish(seq)
+            self._groups.pop(request_id, None)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -271,30 +305,109 @@ class LLMEngine:
             return []
         for seq in sched.preempted:
             self._records[seq.seq_id].num_preemptions = seq.num_preemptions
+        copies = self.block_manager.take_pending_copies()
+        if copies:
+            self.model_runner.copy_blocks(copies)
+        keep_logits = any(self._groups[item.seq.request_id].needs_logits for item in sched.scheduled if item.sample)
         try:
-            result = self.model_runner.execute(sched, self.block_manager.block_tables)
+            result = self.model_runner.execute(sched, self.block_manager.block_tables, keep_logits)
         except SequenceError as exc:
             failed = set(exc.seq_ids)
-            return [self._finish(item.seq, FinishReason.ERROR, error=str(exc))
-                    for item in sched.scheduled if item.seq.seq_id in failed]
+            return self._fail([item.seq for item in sched.scheduled if item.seq.seq_id in failed], str(exc))
         except Exception as exc:  # a failed forward ends this batch's requests, not the engine
             logger.exception("step %d failed", sched.step)
-            return [self._finish(item.seq, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
-                    for item in sched.scheduled]
+            return self._fail([item.seq for item in sched.scheduled], f"{type(exc).__name__}: {exc}")
 
         now = time.time()
-        outputs: list[RequestOutput] = []
         for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            if item.seq.num_output_tokens == 0:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.num_output_tokens == 0:
                 self.prompt_tokens_total += item.num_new_tokens
-        for seq, token, logprobs in zip(result.sampled_seqs, result.sampler_output.token_ids,
-                                        result.sampler_output.logprobs):
-            outputs.append(self._append_token(seq, token, logprobs, now))
+            self.block_manager.cache_full_blocks(seq)
+        touched: dict[str, RequestGroup] = {}
+        sampled = result.sampler_output
+        for row, seq in enumerate(result.sampled_seqs):
+            group = self._groups[seq.request_id]
+            touched[group.request_id] = group
+            if group.beam is not None:
+                group.beam.pending[seq.seq_id] = result.logits[row]
+                continue
+            if group.params.n > 1 and len(group.seqs) == 1:
+                self._fork_samples(group, seq, result.logits[row], now)
+            self._append_token(seq, sampled.token_ids[row], sampled.logprobs[row], now)
+        for group in touched.values():
+            if group.beam is not None and group.beam.ready:
+                self._beam_step(group, now)
+        outputs = [self._make_output(g) for g in touched.values()]
+        for out in outputs:
+            if out.finished:
+                self._groups.pop(out.request_id, None)
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None,
-                      now: float) -> RequestOutput:
+    def _fail(self, seqs: list[Sequence], error: str) -> list[RequestOutput]:
+        """End whole requests with finish_reason error (every sequence of them)."""
+        groups = {s.request_id: self._groups[s.request_id] for s in seqs}
+        for group in groups.values():
+            for seq in list(self.scheduler.requests.get(group.request_id, ())):
+                self._finish(seq, FinishReason.ERROR, error=error)
+            if group.beam is not None:
+                group.beam.done = True
+        outputs = [self._make_output(g) for g in groups.values()]
+        for rid in groups:
+            self._groups.pop(rid, None)
+        return outputs
+
+    def _fork_samples(self, group: RequestGroup, parent: Sequence, logits: torch.Tensor, now: float) -> None:
+        """Parallel sampling: after the prompt, fork n - 1 children that share its blocks, and
+        sample each child's first token from the same logits."""
+        children = [parent.fork(i) for i in range(1, group.params.n)]
+        for child in children:
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_forked(child)
+            self._records[child.seq_id] = RequestRecord(child.seq_id, group.origin, child.num_prompt_tokens,
+                                                        status=child.status.value)
+        group.seqs.extend(children)
+        first = sample(logits.expand(len(children), -1).clone(), children, self.model_runner.generator)
+        for child, token, logprobs in zip(children, first.token_ids, first.logprobs):
+            self._append_token(child, token, logprobs, now)
+
+    def _beam_step(self, group: RequestGroup, now: float) -> None:
+        """Advance a beam search: fork beams chosen more than once, prune beams not chosen."""
+        beam = group.beam
+        continuations = beam.step()
+        by_parent: dict[int, list] = {}
+        for c in continuations:
+            by_parent.setdefault(c.parent.seq_id, []).append(c)
+        next_running: list[Sequence] = []
+        for parent in beam.running:
+            conts = by_parent.get(parent.seq_id, [])
+            extra = []
+            for c in conts[1:]:  # fork before the parent takes its own token
+                child = parent.fork(group.next_index())
+                self.block_manager.fork(parent, child)
+                self.scheduler.add_forked(child)
+                self._records[child.seq_id] = RequestRecord(child.seq_id, group.origin, child.num_prompt_tokens,
+                                                            status=child.status.value)
+                group.seqs.append(child)
+                extra.append((child, c))
+            for seq, c in ([(parent, conts[0])] if conts else []) + extra:
+                seq.output_token_ids.append(c.token)
+                seq.cumulative_logprob = c.cumulative_logprob
+                seq.last_token_time = now
+                seq.first_token_time = seq.first_token_time or now
+                next_running.append(seq)
+                self.generation_tokens_total += 1
+        for parent in beam.running:
+            if parent.seq_id not in by_parent:
+                self._finish(parent, FinishReason.STOP)  # pruned: the one free path
+        beam.running = next_running
+        if beam.done:
+            for seq in next_running:
+                self._finish(seq, FinishReason.LENGTH)
+            beam.running = []
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
         seq.output_token_ids.append(token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
@@ -306,23 +419,20 @@ class LLMEngine:
         p = seq.sampling_params
         done = seq.num_output_tokens >= p.min_tokens
         if done and token in p.stop_token_ids:
-            return self._finish(seq, FinishReason.STOP, stop_reason=token, new_token=token)
-        if done and not p.ignore_eos and token in seq.eos_token_ids:
-            return self._finish(seq, FinishReason.STOP, new_token=token)
-        stop = find_stop_string(seq, len(new_text)) if done else None
-        if stop is not None:
-            return self._finish(seq, FinishReason.STOP, stop_reason=stop, new_token=token)
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return self._finish(seq, FinishReason.LENGTH, new_token=token)
-        return self._make_output(seq, [token])
+            self._finish(seq, FinishReason.STOP, stop_reason=token)
+        elif done and not p.ignore_eos and token in seq.eos_token_ids:
+            self._finish(seq, FinishReason.STOP)
+        elif (stop := find_stop_string(seq, len(new_text)) if done else None) is not None:
+            self._finish(seq, FinishReason.STOP, stop_reason=stop)
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, FinishReason.LENGTH)
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None,
-                error: str | None = None, new_token: int | None = None) -> RequestOutput:
+                error: str | None = None) -> None:
         try:
             self.scheduler.finish_sequence(seq, reason, stop_reason, error)
         finally:
             self._record_finish(seq)
-        return self._make_output(seq, [] if new_token is None else [new_token])
 
     def _record_finish(self, seq: Sequence) -> None:
         rec = self._records.get(seq.seq_id)
@@ -339,19 +449,43 @@ class LLMEngine:
             old, _ = self._finished_order.popitem(last=False)
             self._records.pop(old, None)
 
-    def _make_output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+    def _make_output(self, group: RequestGroup) -> RequestOutput:
+        first = group.seqs[0]
+        if group.beam is not None:
+            finished = group.beam.done
+            completions = self._beam_completions(group) if finished else []
+        else:
+            finished = all(s.is_finished for s in group.seqs)
+            completions = [self._completion(s) for s in sorted(group.seqs, key=lambda s: s.index)]
+        primary = group.seqs[0]
+        times = [s.first_token_time for s in group.seqs if s.first_token_time]
+        metrics = RequestMetrics(first.arrival_time, first.first_scheduled_time, min(times) if times else None,
+                                 max((s.last_token_time or 0 for s in group.seqs), default=None) or None,
+                                 max((s.finished_time or 0 for s in group.seqs), default=None) if finished else None,
+                                 sum(s.num_preemptions for s in group.seqs))
+        error = next((s.error for s in group.seqs if s.error), None)
+        new_token_ids = primary.output_token_ids[-1:] if primary.last_token_time == metrics.last_token_time else []
+        return RequestOutput(group.request_id, first.prompt, first.prompt_token_ids, completions, finished,
+                             group.origin, metrics, error=error,
+                             stream_holdback=0 if finished else stop_holdback(primary),
+                             new_token_ids=new_token_ids if group.beam is None else [])
+
+    @staticmethod
+    def _completion(seq: Sequence) -> CompletionOutput:
         finished = seq.is_finished
-        completion = CompletionOutput(
-            index=0, text=seq.output_text, token_ids=list(seq.output_token_ids),
+        return CompletionOutput(
+            index=seq.index, text=seq.output_text, token_ids=list(seq.output_token_ids),
             finish_reason=seq.finish_reason.value if finished and seq.finish_reason else None,
             stop_reason=seq.stop_reason,
             logprobs=list(seq.output_logprobs) if seq.sampling_params.logprobs is not None else None)
-        metrics = RequestMetrics(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
-                                 seq.last_token_time, seq.finished_time, seq.num_preemptions)
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion], finished,
-                             seq.origin, metrics, error=seq.error,
-                             stream_holdback=0 if finished else stop_holdback(seq),
-                             new_token_ids=new_token_ids)
+
+    def _beam_completions(self, group: RequestGroup) -> list[CompletionOutput]:
+        if any(s.finish_reason is FinishReason.ERROR for s in group.seqs):
+            return [self._completion(group.seqs[0])]
+        return [CompletionOutput(index=i, text=self.tokenizer.decode(h.token_ids, skip_special_tokens=True),
+                                 token_ids=h.token_ids, finish_reason="stop" if h.ends_with_eos else "length",
+                                 cumulative_logprob=h.score)
+                for i, h in enumerate(group.beam.best(group.params.n))]
 
     # ---- offline batch -------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
@@ -428,13 +562,14 @@ class LLMEngine:
     def live_state(self) -> dict[str, list]:
         """Per-request CPU-side state, for leak checks: ids of live requests and block tables,
         and which block tables belong to sequences that already finished."""
-        live_seq_ids = {s.seq_id for s in self.scheduler.requests.values()}
+        live_seq_ids = {s.seq_id for seqs in self.scheduler.requests.values() for s in seqs}
         tables = list(self.block_manager.block_tables)
         return {
             "live_request_ids": list(self.scheduler.requests),
             "block_table_seq_ids": tables,
             "orphan_block_tables": [sid for sid in tables if sid not in live_seq_ids],
-            "finished_live_requests": [rid for rid, s in self.scheduler.requests.items() if s.is_finished],
+            "finished_live_requests": [rid for rid, seqs in self.scheduler.requests.items()
+                                       if any(s.is_finished for s in seqs)],
         }
 
     def block_tables_view(self) -> dict[int, list[int]]:
@@ -451,9 +586,10 @@ class LLMEngine:
         ``num_computed_tokens`` (K/V in the cache), ``num_output_tokens``, plus
         ``num_preemptions`` and ``num_blocks`` (blocks in its block table).
         """
-        seq = self.scheduler.requests.get(request_id)
-        if seq is None:
+        seqs = self.scheduler.requests.get(request_id)
+        if not seqs:
             return None
+        seq = seqs[0]
         return {"status": seq.status.value, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens,
                 "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_preemptions": seq.num_preemptions,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlite.engine.faults import FaultSet, PlantedFault
+from vlite.engine.faults import FaultSet
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.sampler import SamplerOutput, sample
 from vlite.engine.scheduler import SchedulerOutput
@@ -34,6 +34,8 @@ class StepResult:
 
     sampled_seqs: list[Sequence]
     sampler_output: SamplerOutput
+    # [len(sampled_seqs), vocab] float32 logits before sampling, when asked for (n > 1, beams)
+    logits: torch.Tensor | None = None
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -115,9 +117,20 @@ class ModelRunner:
                 torch.tensor(logits_indices, dtype=torch.long, device=dev))
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, block_tables: dict[int, list[int]]) -> StepResult:
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: copy K/V of block src into block dst in every layer."""
+        src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, block_tables: dict[int, list[int]],
+                keep_logits: bool = False) -> StepResult:
         """Run one step: forward over all scheduled tokens, then sample where due.
 
+        keep_logits: also return the raw logits of the sampled rows (for forks and beams).
         Raises:
             SequenceError: a failure tied to specific sequences.
         """
@@ -130,7 +143,8 @@ class ModelRunner:
         if not sampled:
             return StepResult([], SamplerOutput([], []))
         logits = self.model.compute_logits(hidden[logits_indices]).cpu()
-        return StepResult(sampled, sample(logits, sampled, self.generator))
+        raw = logits.clone() if keep_logits else None
+        return StepResult(sampled, sample(logits, sampled, self.generator), raw)
 
 
-__all__ = ["ModelRunner", "SequenceError", "StepResult", "PlantedFault", "kv_cache_bytes_per_block"]
+__all__ = ["ModelRunner", "SequenceError", "StepResult", "kv_cache_bytes_per_block"]

@@ -20,6 +20,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # beam search: the length-normalised beam score
 
 
 @dataclass

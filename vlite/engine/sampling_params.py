@@ -19,6 +19,10 @@ class SamplingParams:
     seed: per-request generator seed, so a request samples the same text in any batch.
     stop: strings that end the output (not included in it). stop_token_ids: ids that end it.
     ignore_eos: keep going past EOS until max_tokens.
+    n: sequences returned per request; with n > 1 the samples share the prompt's KV blocks.
+    logprobs: also return the log-probabilities of the top ``logprobs`` tokens (0..20).
+    beam_width: > 1 runs beam search (greedy scores, as transformers' ``num_beams``); the
+        ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty.
 
     Raises:
         ValueError: any field out of range; the message names the field and the allowed range.
@@ -39,6 +43,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    beam_width: int = 1
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,6 +74,13 @@ class SamplingParams:
         _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
                f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        _check(isinstance(self.beam_width, int) and self.beam_width >= 1,
+               f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+        if self.beam_width > 1:
+            _check(self.temperature == 0.0 and not self.uses_penalties,
+                   "beam search (beam_width > 1) needs temperature 0 and no penalties")
+            _check(self.n <= self.beam_width, f"n ({self.n}) must be <= beam_width ({self.beam_width})")
+            _check(not self.stop, "beam search does not support stop strings")
         if self.top_k == 0:
             self.top_k = -1
 

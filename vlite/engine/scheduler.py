@@ -58,16 +58,22 @@ class Scheduler:
         self.faults = faults or FaultSet()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.requests: dict[str, Sequence] = {}  # live sequences by request id
+        self.requests: dict[str, list[Sequence]] = {}  # live sequences by request id
         self.step_counter = 0
         self.num_preemptions_total = 0
 
     # ---- queue management ----------------------------------------------------------------
     def add_sequence(self, seq: Sequence) -> None:
+        """Queue a new request's first sequence."""
         if seq.request_id in self.requests:
             raise ValueError(f"request id {seq.request_id!r} is already in use by a live request")
-        self.requests[seq.request_id] = seq
+        self.requests[seq.request_id] = [seq]
         self.waiting.append(seq)
+
+    def add_forked(self, child: Sequence) -> None:
+        """Add a sequence forked from a running one (it already shares the parent's blocks)."""
+        self.requests[child.request_id].append(child)
+        self.running.append(child)
 
     @property
     def num_running(self) -> int:
@@ -93,6 +99,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its siblings' logits
+                i += 1
+                continue
             site = AllocationSite.PREFILL if seq.in_prefill else AllocationSite.DECODE_APPEND
             while not self.block_manager.allocate_slots(seq, num_new, site):
                 victim = self.running.pop()
@@ -110,9 +119,15 @@ class Scheduler:
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             seq = self.waiting[0]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.block_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL):
+            hits = self.block_manager.find_prefix_hits(seq)
+            num_cached = len(hits) * self.block_manager.block_size
+            num_new = min(seq.num_tokens - num_cached - seq.num_computed_tokens, budget)
+            if not self.block_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
                 break
+            if seq.num_computed_tokens == 0:
+                self.block_manager.prefix_cache_queries += seq.num_tokens
+                self.block_manager.prefix_cache_hits += num_cached
+            seq.num_computed_tokens += num_cached
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
@@ -159,15 +174,15 @@ class Scheduler:
             raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
                                "raised before its blocks were released")
         self.block_manager.free(seq)
-        del self.requests[seq.request_id]
+        live = self.requests[seq.request_id]
+        live.remove(seq)
+        if not live:
+            del self.requests[seq.request_id]
 
-    def abort(self, request_id: str) -> Sequence | None:
-        """Abort a live request in any state (waiting, mid-prefill, running, preempted).
-
-        Returns the aborted sequence, or None if no live request has that id.
-        """
-        seq = self.requests.get(request_id)
-        if seq is None or seq.is_finished:
-            return None
-        self.finish_sequence(seq, FinishReason.ABORT)
-        return seq
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Abort every live sequence of a request, in any state (waiting, mid-prefill,
+        running, preempted). Returns the aborted sequences (empty if none was live)."""
+        seqs = list(self.requests.get(request_id, ()))
+        for seq in seqs:
+            self.finish_sequence(seq, FinishReason.ABORT)
+        return seqs

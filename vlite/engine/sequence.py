@@ -61,9 +61,13 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, origin: RequestOrigin,
-                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(), index: int = 0) -> None:
         self.seq_id: int = next(_seq_counter)
         self.request_id = request_id
+        self.index = index  # output index within its request (n > 1, beams)
+        self.parent_seq_id: int | None = None  # set on forked sequences
+        self.block_hashes: list[int] = []  # prefix-caching hash of each full logical block (memo)
+        self.cumulative_logprob = 0.0
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -91,6 +95,30 @@ class Sequence:
         self.prefix_offset = 0
         self.read_offset = 0
         self.tokens_text: list[str] = []
+
+    def fork(self, index: int) -> Sequence:
+        """A child with the same tokens and progress (parallel sampling, beam search).
+
+        The caller shares the parent's KV blocks with it through ``BlockManager.fork``. A
+        seeded request gives child ``index`` the seed ``seed + index``.
+        """
+        child = Sequence(self.request_id, self.prompt, self.prompt_token_ids, self.sampling_params, self.origin,
+                         self.eos_token_ids, index)
+        child.parent_seq_id = self.seq_id
+        child.output_token_ids = list(self.output_token_ids)
+        child.output_logprobs = list(self.output_logprobs)
+        child.block_hashes = list(self.block_hashes)
+        child.cumulative_logprob = self.cumulative_logprob
+        child.status = self.status
+        child.num_computed_tokens = self.num_computed_tokens
+        child.first_scheduled_time = self.first_scheduled_time
+        child.first_token_time = self.first_token_time
+        child.last_token_time = self.last_token_time
+        child.output_text = self.output_text
+        child.prefix_offset, child.read_offset = self.prefix_offset, self.read_offset
+        if self.sampling_params.seed is not None:
+            child.generator = torch.Generator().manual_seed(self.sampling_params.seed + index)
+        return child
 
     @property
     def all_token_ids(self) -> list[int]:
