@@ -24,19 +24,22 @@ MaxBatchedOpt = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Toke
 MaxModelLenOpt = typer.Option(None, "--max-model-len", min=2, help="Longest prompt + output, tokens.")
 DtypeOpt = typer.Option("float32", "--dtype", help="float32 (default) or bfloat16.")
 DeviceOpt = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available).")
+PrefixCachingOpt = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                help="Reuse cached full KV blocks across requests (on by default, as in vLLM).")
 
 
 def build_engine_config(model: str, num_blocks: int | None, block_size: int, kv_cache_memory_bytes: int | None,
                         gpu_memory_utilization: float, max_num_seqs: int, max_num_batched_tokens: int,
                         max_model_len: int | None, dtype: str, device: str | None, seed: int = 0,
-                        inject_faults: tuple[str, ...] = ()) -> EngineConfig:
+                        inject_faults: tuple[str, ...] = (), enable_prefix_caching: bool = True) -> EngineConfig:
     """Build and validate an EngineConfig; exits with code 2 and a clear message when invalid."""
     try:
         return EngineConfig(
             model=model, dtype=dtype, device=device, seed=seed, inject_faults=tuple(inject_faults),
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
                               kv_cache_memory_bytes=kv_cache_memory_bytes,
-                              gpu_memory_utilization=gpu_memory_utilization),
+                              gpu_memory_utilization=gpu_memory_utilization,
+                              enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                       max_model_len=max_model_len))
     except ValueError as exc:

@@ -30,6 +30,9 @@ def generate(
     seed: int | None = typer.Option(None, "--seed", help="Per-request sampling seed."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the model's chat template."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Generate past EOS up to --max-tokens."),
+    n: int = typer.Option(1, "--n", help="Samples per prompt; they share the prompt's KV blocks."),
+    beam_width: int = typer.Option(1, "--beam-width", help="Beam search with this many beams (> 1)."),
+    enable_prefix_caching: bool = common.PrefixCachingOpt,
     num_blocks: int | None = common.NumBlocksOpt,
     block_size: int = common.BlockSizeOpt,
     kv_cache_memory_bytes: int | None = common.KvBytesOpt,
@@ -53,11 +56,12 @@ def generate(
         texts = DEFAULT_PROMPTS
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                seed=seed, ignore_eos=ignore_eos)
+                                seed=seed, ignore_eos=ignore_eos, n=n, beam_width=beam_width)
     except ValueError as exc:
         common.fail(str(exc))
     config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
-                                        max_num_batched_tokens, max_model_len, dtype, device)
+                                        max_num_batched_tokens, max_model_len, dtype, device,
+                                        enable_prefix_caching=enable_prefix_caching)
     engine = common.load_engine(config)
     if chat:
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
@@ -68,9 +72,9 @@ def generate(
         common.fail(str(exc))
     if json_out:
         for out in outputs:
-            c = out.outputs[0]
-            print(json.dumps({"request_id": out.request_id, "prompt": out.prompt, "text": c.text,
-                              "token_ids": c.token_ids, "finish_reason": c.finish_reason}))
+            for c in out.outputs:
+                print(json.dumps({"request_id": out.request_id, "index": c.index, "prompt": out.prompt,
+                                  "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}))
         return
     table = Table(show_lines=True)
     table.add_column("prompt", overflow="fold")
@@ -78,10 +82,13 @@ def generate(
     table.add_column("tokens", justify="right")
     table.add_column("finish", justify="center")
     for out in outputs:
-        c = out.outputs[0]
-        table.add_row(out.prompt, c.text, str(len(c.token_ids)), c.finish_reason)
+        for c in out.outputs:
+            table.add_row(out.prompt if c.index == 0 else f"  [{c.index}]", c.text, str(len(c.token_ids)),
+                          c.finish_reason)
     Console().print(table)
     s = engine.stats()
     Console(stderr=True).print(
         f"{len(outputs)} requests, {s.prompt_tokens_total} prompt + {s.generation_tokens_total} generated tokens in "
-        f"{s.step} steps; preemptions: {s.num_preemptions_total}; free blocks {s.num_free_blocks}/{s.num_total_blocks}")
+        f"{s.step} steps; preemptions: {s.num_preemptions_total}; free blocks {s.num_free_blocks}/{s.num_total_blocks}"
+        f" (+{s.num_cached_blocks} cached); prefix cache hits {s.blocks.prefix_cache_hits}/"
+        f"{s.blocks.prefix_cache_queries} tokens")

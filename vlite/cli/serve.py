@@ -36,6 +36,7 @@ def serve(
     kv_cache_memory_bytes: int | None = common.KvBytesOpt,
     gpu_memory_utilization: float = common.GpuUtilOpt,
     max_num_seqs: int = common.MaxSeqsOpt,
+    enable_prefix_caching: bool = common.PrefixCachingOpt,
     max_num_batched_tokens: int = common.MaxBatchedOpt,
     max_model_len: int | None = common.MaxModelLenOpt,
     dtype: str = common.DtypeOpt,
@@ -69,7 +70,7 @@ def serve(
                     f"{common.DEFAULT_MODEL}")
     config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, gpu_memory_utilization,
                                         max_num_seqs, max_num_batched_tokens, max_model_len, dtype, device, seed,
-                                        inject_faults=faults)
+                                        inject_faults=faults, enable_prefix_caching=enable_prefix_caching)
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                               enable_debug_endpoints=enable_debug_endpoints,
                               max_request_body_bytes=max_request_body_bytes, log_stats=log_stats,
