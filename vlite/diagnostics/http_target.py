@@ -198,6 +198,23 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
     return out
 
 
+def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
+    """Wait (bounded) for ``/health`` to answer 200: the server may still be loading its model."""
+    deadline, last = time.time() + timeout_s, "no answer"
+    while time.time() < deadline:
+        try:
+            r = client.get(f"{base}/health")
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, httpx.ConnectError) and time.time() > deadline - timeout_s + 5:
+                break  # nothing listens there
+        time.sleep(0.2)
+    raise TargetError(f"{base} is not ready: {last}")
+
+
 def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
              sample_interval_s: float = 0.1, info: dict | None = None) -> RunResult:
     """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
@@ -207,6 +224,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     """
     base = url.rstrip("/")
     sync = httpx.Client(timeout=10.0)
+    _wait_ready(base, sync)
     source = metrics_block_stats(base, sync)
     try:
         source()

@@ -77,6 +77,7 @@ def from_debug_blocks(data: dict) -> Snapshot:
         ledger.append({k: r.get(k) for k in ("block_id", "seq_id", "request_id", "site", "step", "age_s",
                                              "status", "finish_reason")}
                       | _origin_fields(r.get("origin")) | {"num_preemptions": r.get("num_preemptions")})
+        ledger[-1]["age_s"] = round(float(ledger[-1]["age_s"] or 0.0), 3)
     owners = {}
     by_seq = {s.get("seq_id"): s for s in seqs}
     for sid in data.get("live_state", {}).get("orphan_block_tables", []):
