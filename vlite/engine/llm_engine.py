@@ -66,6 +66,7 @@ class RequestGroup:
     seqs: list[Sequence]
     beam: BeamState | None = None
     _next_index: int = 1
+    num_reported_tokens: int = 0  # output tokens of seqs[0] already returned in a RequestOutput
 
     @property
     def needs_logits(self) -> bool:
@@ -450,25 +451,28 @@ class LLMEngine:
             self._records.pop(old, None)
 
     def _make_output(self, group: RequestGroup) -> RequestOutput:
-        first = group.seqs[0]
+        """The request's state: one CompletionOutput per sample (by index), or the best beams
+        once a beam search is done. Timestamps span all of the request's sequences."""
+        primary = group.seqs[0]
         if group.beam is not None:
             finished = group.beam.done
             completions = self._beam_completions(group) if finished else []
         else:
             finished = all(s.is_finished for s in group.seqs)
             completions = [self._completion(s) for s in sorted(group.seqs, key=lambda s: s.index)]
-        primary = group.seqs[0]
-        times = [s.first_token_time for s in group.seqs if s.first_token_time]
-        metrics = RequestMetrics(first.arrival_time, first.first_scheduled_time, min(times) if times else None,
-                                 max((s.last_token_time or 0 for s in group.seqs), default=None) or None,
-                                 max((s.finished_time or 0 for s in group.seqs), default=None) if finished else None,
+        first_tokens = [s.first_token_time for s in group.seqs if s.first_token_time]
+        last_tokens = [s.last_token_time for s in group.seqs if s.last_token_time]
+        finishes = [s.finished_time for s in group.seqs if s.finished_time]
+        metrics = RequestMetrics(primary.arrival_time, primary.first_scheduled_time,
+                                 min(first_tokens, default=None), max(last_tokens, default=None),
+                                 max(finishes) if finished and finishes else None,
                                  sum(s.num_preemptions for s in group.seqs))
-        error = next((s.error for s in group.seqs if s.error), None)
-        new_token_ids = primary.output_token_ids[-1:] if primary.last_token_time == metrics.last_token_time else []
-        return RequestOutput(group.request_id, first.prompt, first.prompt_token_ids, completions, finished,
-                             group.origin, metrics, error=error,
+        new_token_ids = primary.output_token_ids[group.num_reported_tokens:] if group.beam is None else []
+        group.num_reported_tokens = primary.num_output_tokens
+        return RequestOutput(group.request_id, primary.prompt, primary.prompt_token_ids, completions, finished,
+                             group.origin, metrics, error=next((s.error for s in group.seqs if s.error), None),
                              stream_holdback=0 if finished else stop_holdback(primary),
-                             new_token_ids=new_token_ids if group.beam is None else [])
+                             new_token_ids=new_token_ids)
 
     @staticmethod
     def _completion(seq: Sequence) -> CompletionOutput:
