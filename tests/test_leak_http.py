@@ -1,0 +1,84 @@
+"""The HTTP target against a real `vlite serve` subprocess (127.0.0.1 only, a free port, bounded waits):
+clients that really disconnect mid-stream leak blocks under the planted fault, and only theirs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vlite.diagnostics.actions import ClientAction
+from vlite.diagnostics.http_target import run_http
+from vlite.diagnostics.workload import synthetic_workload, with_action
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def serve(tiny_model_dir):
+    procs = []
+
+    def start(*extra: str) -> str:
+        port = _free_port()
+        vlite = str(Path(sys.executable).with_name("vlite"))  # the console script of this venv
+        cmd = [vlite, "serve", "--model", str(tiny_model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--num-blocks", "96", "--enable-debug-endpoints", *extra]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {
+            "TOKENIZERS_PARALLELISM": "false"})
+        procs.append(proc)
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 90
+        while time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError("vlite serve did not become healthy within 90 s")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _workload():
+    specs = synthetic_workload(8, input_len=(8, 24), output_len=(12, 16), seed=5, prefix="http")
+    return [with_action(s, ClientAction("disconnect-stream", after_tokens=2)) if i % 2 else s
+            for i, s in enumerate(specs)]
+
+
+def test_http_target_finds_a_planted_disconnect_leak(serve):
+    url = serve("--inject-fault", "skip-free-on-abort")
+    specs = _workload()
+    run = run_http(url, specs, max_concurrency=8, idle_every=4, sample_interval_s=0.05)
+    f = run.findings
+    disconnected = {s.request_id for s in specs if s.action.is_abort}
+    assert f.leak and f.drain.sign == "deficit", f.summary()
+    assert {b["request_id"] for b in f.leaked_blocks} == disconnected
+    assert all(b["client_action"] == "disconnect after 2 chunks" for b in f.leaked_blocks)
+    assert {g["action_kind"] for g in f.by_action} == {"disconnect-stream"}
+    outcomes = {r.request_id: r.outcome for r in run.replay.requests}
+    assert all(outcomes[s.request_id] == ("aborted" if s.request_id in disconnected else "finished") for s in specs)
+    assert run.info["debug_endpoints"] and not run.samples.empty
+
+
+def test_http_target_clean_server_is_clean(serve):
+    url = serve()
+    run = run_http(url, _workload(), max_concurrency=8, idle_every=4, sample_interval_s=0.05)
+    assert not run.findings.leak, run.findings.summary()
+    assert run.findings.drain.mismatch_blocks == 0
