@@ -4,8 +4,8 @@ client action that caused it; the same workloads without the fault report CLEAN.
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_engine
+
 from vlite.diagnostics.actions import ClientAction
 from vlite.diagnostics.run import run_in_process
 from vlite.diagnostics.workload import RequestSpec, synthetic_prompt, synthetic_workload

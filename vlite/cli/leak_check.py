@@ -43,9 +43,10 @@ def leak_check(
     abort_mode: str = typer.Option("mix", "--abort-mode", help=_MIX_HELP),
     url: str | None = typer.Option(None, "--url", help="Target a running `vlite serve` (http://host:port)."),
     sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", min=1.0, help="Sampling period, ms."),
-    report: Path | None = typer.Option(None, "--report", help="Write report.json, samples.csv, report.md, PNGs here."),
+    report: Path | None = typer.Option(None, "--report",  # noqa: B008 (Typer's option style)
+                                       help="Write report.json, samples.csv, report.md, PNGs here."),
     scenario: str | None = typer.Option(None, "--scenario", help="Run a fixed scenario by name, or 'all'."),
-    inject_fault: list[str] = typer.Option([], "--inject-fault",
+    inject_fault: list[str] = typer.Option([], "--inject-fault",  # noqa: B008 (Typer's option style)
                                            help="Plant a known defect (testing the detector); repeatable."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
     num_blocks: int | None = common.NumBlocksOpt,

@@ -170,7 +170,7 @@ class InProcessClient:
         res.abort_time = res.end_time = time.time()
         try:
             self.engine.abort(rid)
-        except Exception as exc:  # a failing disconnect handler must not stop the server (or us)
+        except Exception as exc:  # noqa: BLE001 - a failing disconnect handler must not stop the server (or us)
             res.outcome, res.detail = "abort-raised", f"{detail}; abort raised {type(exc).__name__}: {exc}"
             return
         res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail

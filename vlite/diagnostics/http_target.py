@@ -87,7 +87,7 @@ async def _one(base: str, spec: RequestSpec, res: RequestResult) -> None:
                 try:
                     resp = await asyncio.wait_for(client.send(req, stream=True), timeout=0.01)
                     await resp.aclose()
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 _aborted(res, "closed the connection right after sending")
                 return

@@ -94,9 +94,9 @@ def report_markdown(run, plots: list[str]) -> str:
     out = [f"# vlite leak-check report\n\n**{'LEAK' if f.leak else 'CLEAN'}** - {f.summary()}\n",
            "## Run\n", _md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
            "## Drain invariant (at quiescence)\n",
-           f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "
+           (f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "
            f"mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess frees "
-           f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n",
+           f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n"),
            "## Trend (troughs at idle points)\n", "\n".join(f"- {_trend_line(t)}" for t in f.trends) + "\n",
            "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
                                                                           "requests")),

@@ -63,7 +63,7 @@ class MemoryProbe:
             pynvml.nvmlInit()
             self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
             self.gpu_source = "nvml"
-        except Exception:  # no binding, no driver, or no device: try the CLI next
+        except Exception:  # noqa: BLE001 - no binding, no driver, or no device: try the CLI next
             if shutil.which("nvidia-smi") and self._smi_used() is not None:
                 self.gpu_source = "nvidia-smi"
         if in_process_cuda:
@@ -125,7 +125,7 @@ class Sampler:
         """Take one sample now (also used for the final drained snapshot)."""
         try:
             row = {"time": time.time(), **self.block_source(), **self.memory.read()}
-        except Exception as exc:  # keep sampling through transient failures
+        except Exception as exc:  # noqa: BLE001 - keep sampling through transient failures
             self.errors += 1
             logger.debug("sample failed: %s", exc)
             return None

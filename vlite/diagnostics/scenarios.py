@@ -82,8 +82,8 @@ def _expect_flat(run: RunResult) -> list[tuple[str, bool, str]]:
     return [("used blocks return to the baseline at every idle point", used == {pts[0].num_used_blocks},
              f"{len(pts)} idle points, used blocks {sorted(used)}"),
             ("no block tables or request entries remain", cpu["num_block_tables"] == 0
-             and not cpu["leftover_requests"], f"{cpu['num_block_tables']} block tables, "
-                                               f"{len(cpu['leftover_requests'])} request entries"),
+             and not cpu["leftover_requests"], (f"{cpu['num_block_tables']} block tables, "
+                                               f"{len(cpu['leftover_requests'])} request entries")),
             ("every request finished", all(o == "finished" for o in _outcomes(run).values()), "")]
 
 

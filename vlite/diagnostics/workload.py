@@ -16,11 +16,7 @@ from vlite.diagnostics.actions import ClientAction, plan_action
 
 # Common English words that are one token each in Llama-style BPE vocabularies (with a leading
 # space), so that a synthetic prompt of n words is close to n tokens.
-_WORDS = ("the of and to in is for on that with as by at from this be are it was an or have not "
-          "but which one all were can more when there has their time will about if up out so what "
-          "into than other some them only new these also any may first two over such after most "
-          "year made where people work world well way even back good high life very long state "
-          "through great last many same part under take house water small home light city place").split()
+_WORDS = ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "by", "at", "from", "this", "be", "are", "it", "was", "an", "or", "have", "not", "but", "which", "one", "all", "were", "can", "more", "when", "there", "has", "their", "time", "will", "about", "if", "up", "out", "so", "what", "into", "than", "other", "some", "them", "only", "new", "these", "also", "any", "may", "first", "two", "over", "such", "after", "most", "year", "made", "where", "people", "work", "world", "well", "way", "even", "back", "good", "high", "life", "very", "long", "state", "through", "great", "last", "many", "same", "part", "under", "take", "house", "water", "small", "home", "light", "city", "place"]
 
 
 class WorkloadError(ValueError):
@@ -130,7 +126,7 @@ def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mi
 def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float, abort_mode: str,
                    prefix: str) -> RequestSpec:
     if not isinstance(row, dict):
-        raise ValueError("each line must be a JSON object")
+        raise TypeError("each line must be a JSON object")
     if "prompt" in row:
         prompt = str(row["prompt"])
         prompt_len = len(prompt.split())
