@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -23,6 +24,7 @@ MODEL = "tiny-llama"
 MAX_BODY = 64 * 1024
 NUM_BLOCKS = 128
 LONG = 2000  # max_tokens of requests meant to be cut short (they would run for seconds)
+N_LONG = 500  # the same for n = 2 or 3: the engine admits n * blocks(prompt + max_tokens) <= NUM_BLOCKS
 PROMPTS = [f"Request number {i}: tell me about block {i * 7} of the paged cache" for i in range(16)]
 
 
@@ -270,6 +272,13 @@ BAD_COMPLETIONS = [
     ({"prompt": "word " * 4100, "max_tokens": 1}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),  # best_of sampling: only with use_beam_search
+    ({"prompt": "x", "use_beam_search": True, "best_of": 3, "temperature": 0.7}, "temperature"),
+    ({"prompt": "x", "use_beam_search": True, "n": 3, "best_of": 2}, "best_of"),
+    ({"prompt": "x", "use_beam_search": True}, "best_of"),  # width n = 1 is no beam search
+    ({"prompt": "x", "use_beam_search": True, "best_of": 2, "stop": ["."]}, "stop"),
+    ({"prompt": "x", "use_beam_search": True, "best_of": 2, "logprobs": 1}, "logprobs"),
+    ({"prompt": "x", "use_beam_search": True, "best_of": 2, "presence_penalty": 1}, "presence_penalty"),
 ]
 
 
@@ -285,6 +294,10 @@ def test_invalid_completion_is_400_and_never_reaches_engine(server, http, body, 
 
 
 def test_invalid_chat_and_json_are_400(http):
+    chat_beam = {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True, "best_of": 2}
+    assert_error(http.post("/v1/chat/completions", json=dict(chat_beam, temperature=1.0)), 400, "temperature")
+    assert_error(http.post("/v1/chat/completions", json=dict(chat_beam, n=3)), 400, "best_of")
+    assert_error(http.post("/v1/chat/completions", json=dict(chat_beam, stop="x")), 400, "stop")
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
     assert_error(http.post("/v1/chat/completions", json={"messages": "hello"}), 400, "messages")
     assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
@@ -360,15 +373,17 @@ def test_non_streaming_client_timeout_frees_blocks(server):
 
 def test_chat_stream_disconnect_frees_blocks(server, http):
     before = wait_drained(server)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}], "max_tokens": LONG,
-            "ignore_eos": True, "stream": True, "n": 2}
+    # No max_tokens: the chat default (context length, capped so that both samples fit the
+    # 128-block cache at once, which the engine requires) must be admitted, and runs long.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}], "ignore_eos": True,
+            "stream": True, "n": 2}
     with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": "chat-n2"}) as resp:
         events = sse_events(resp.iter_lines())
         wait_until(lambda: next(events)["choices"][0]["delta"].get("content"))
-        ids = {s["request_id"] for s in http.get("/debug/blocks").json()["sequences"]}
-        assert ids == {"chat-n2-0", "chat-n2-1"}
+        seqs = http.get("/debug/blocks").json()["sequences"]
+        assert [s["request_id"] for s in seqs] == ["chat-n2", "chat-n2"]  # one request, two sequences
     after = wait_drained(server)
-    assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 2
+    assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
 
 
 def test_duplicate_live_request_id_is_400(server, http):
@@ -380,3 +395,112 @@ def test_duplicate_live_request_id_is_400(server, http):
         assert assert_error(r, 400, "X-Request-Id")["code"] == "duplicate_request_id"
         assert next(events)["choices"][0]["finish_reason"] is None  # the first one goes on
     wait_drained(server)
+
+
+# ---- parallel sampling (n > 1) and beam search: one engine request, shared blocks -------------------
+def _debug_blocks(server) -> dict:
+    return httpx.get(server.base_url + "/debug/blocks", headers=server.headers, timeout=10).json()
+
+
+def test_n4_forks_one_request_sharing_the_prompt_blocks(server, http):
+    # 20 prompt tokens = one full block (16) + a partial one: the samples share both after the
+    # fork, and each one's first write into the partial block copies it (copy-on-write).
+    prompt = [1000 + 37 * i for i in range(20)]  # used by no other test: nothing of it is cached
+    rid, max_tokens = "n4-fork", 200
+    body = {"model": MODEL, "prompt": prompt, "n": 4, "max_tokens": max_tokens, "temperature": 1.0, "seed": 7,
+            "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(http.post, "/v1/completions", json=body, headers={"X-Request-Id": rid})
+
+        def forked():
+            snap = _debug_blocks(server)
+            seqs = [s for s in snap["sequences"] if s["request_id"] == rid]
+            sites = {e["site"] for e in snap["ledger"] if e["request_id"] == rid}
+            if len(seqs) == 4 and {"fork", "copy-on-write"} <= sites:
+                return seqs
+            assert not fut.done(), f"request finished before its fork was seen: {fut.result().text[:300]}"
+            return None
+
+        seqs = wait_until(forked, timeout=30)
+        tables = [s["block_table"] for s in seqs]
+        assert len({t[0] for t in tables}) == 1  # the full prompt block: one physical block, ref_count 4
+        assert len({t[1] for t in tables}) == 4  # the partial one: copied on each sample's first write
+        r = fut.result()
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert sorted(c["index"] for c in out["choices"]) == [0, 1, 2, 3]
+    assert all(c["finish_reason"] == "length" for c in out["choices"])
+    assert out["usage"] == {"prompt_tokens": 20, "completion_tokens": 4 * max_tokens,
+                            "total_tokens": 20 + 4 * max_tokens}
+    m = wait_drained(server)  # free + cached == total and kv_cache_usage_perc == 0
+    assert m["vlite:num_free_blocks"] + m["vlite:num_cached_blocks"] == NUM_BLOCKS
+    snap = _debug_blocks(server)
+    assert snap["kv_cache_usage"] == 0 and snap["anomalies"] == []
+    assert not [e for e in snap["ledger"] if e["request_id"] == rid]
+
+
+def test_greedy_n2_equals_n1_with_per_choice_stop_holdback(client, offline):
+    ref = greedy(offline, [PROMPTS[9]], 20)[0]
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[9], max_tokens=20, n=2, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == [ref, ref]
+    assert out.usage.completion_tokens == 40
+
+    stop = ref[len(ref) // 2: len(ref) // 2 + 3]
+    want = ref[: ref.index(stop)]
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[9], max_tokens=20, n=2, temperature=0,
+                                       stop=[stop], stream=True, extra_body={"ignore_eos": True})
+    texts, finish = {0: "", 1: ""}, {}
+    for chunk in stream:
+        for c in chunk.choices:
+            assert c.index not in finish  # nothing after a choice's finish_reason
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert texts == {0: want, 1: want} and finish == {0: "stop", 1: "stop"}
+
+    # Several prompts: choice index = prompt_index * n + j.
+    ref2 = greedy(offline, [PROMPTS[1], PROMPTS[2]], 6)
+    out = client.completions.create(model=MODEL, prompt=[PROMPTS[1], PROMPTS[2]], max_tokens=6, n=2,
+                                    temperature=0, extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == [ref2[0], ref2[0], ref2[1], ref2[1]]
+
+
+def test_beam_search_equals_offline(client, offline):
+    params = SamplingParams(max_tokens=8, temperature=0, beam_width=3, n=2, length_penalty=1.0)
+    ref = offline.generate([PROMPTS[10]], params)[0]
+    want = [(c.text, c.finish_reason) for c in ref.outputs]
+    assert len(want) == 2
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[10], max_tokens=8, n=2, best_of=3,
+                                    temperature=0, extra_body={"use_beam_search": True})
+    assert [(c.text, c.finish_reason) for c in sorted(out.choices, key=lambda c: c.index)] == want
+    assert out.usage.completion_tokens == sum(len(c.token_ids) for c in ref.outputs)
+
+    # Streaming: each beam arrives whole, in one chunk, when the search ends.
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[10], max_tokens=8, n=2, best_of=3,
+                                       temperature=0, stream=True, extra_body={"use_beam_search": True})
+    chunks = [c for chunk in stream for c in chunk.choices]
+    assert sorted((c.index, c.text, c.finish_reason) for c in chunks) == [(i, t, f) for i, (t, f) in enumerate(want)]
+
+    messages = [{"role": "user", "content": "Name a cache."}]
+    text = offline.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = offline.tokenizer(text, add_special_tokens=False).input_ids
+    ref = offline.generate([ids], SamplingParams(max_tokens=6, temperature=0, beam_width=2, n=1))[0]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                          extra_body={"use_beam_search": True, "best_of": 2})
+    assert [c.message.content for c in chat.choices] == [ref.outputs[0].text]
+
+
+def test_n3_stream_disconnect_frees_every_block(server, http):
+    before = wait_drained(server)
+    body = dict(_long_body(True), n=3, max_tokens=N_LONG, temperature=1.0, seed=11)
+    with http.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": "n3-gone"}) as resp:
+        events = sse_events(resp.iter_lines())
+        seen: set[int] = set()
+        wait_until(lambda: seen.update(c["index"] for c in next(events)["choices"]) or seen == {0, 1, 2})
+        seqs = [s for s in _debug_blocks(server)["sequences"] if s["request_id"] == "n3-gone"]
+        assert len(seqs) == 3 and all(s["block_table"] for s in seqs)
+    after = wait_drained(server)
+    assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
+    snap = _debug_blocks(server)
+    assert snap["sequences"] == [] and snap["ledger"] == [] and snap["anomalies"] == []

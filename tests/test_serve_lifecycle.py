@@ -85,6 +85,38 @@ def test_engine_abort_ends_the_stream_with_abort_and_observes_it(tiny_checkpoint
     assert [o.request_id for o in seen if o.finished] == ["x-0", "x-1"]
 
 
+def test_abort_of_n3_and_beam_requests_ends_every_choice_once(tiny_checkpoint):
+    """An abort ends the one engine request of n samples (or W beams) with one output per
+    choice, and every block comes back with no ledger anomaly (no double free)."""
+    engine = make_engine(tiny_checkpoint, num_blocks=64)
+
+    async def main():
+        aengine = AsyncLLMEngine(engine)
+        aengine.start()
+        try:
+            sampled = EngineRequest("hello there", SamplingParams(max_tokens=200, temperature=1.0, seed=3, n=3,
+                                                                  ignore_eos=True), RequestOrigin("s", route="test"))
+            beams = EngineRequest("hello there", SamplingParams(max_tokens=200, temperature=0, beam_width=3, n=2,
+                                                                ignore_eos=True), RequestOrigin("b", route="test"))
+            group = await aengine.add_requests([sampled, beams])
+            finals = {}
+            async for i, out in group:
+                if i == 0 and len(out.outputs) == 3 and len(out.outputs[2].token_ids) >= 2 and not finals:
+                    aengine.abort(["s", "b"])  # as shutdown does; the beams are mid-search (no outputs yet)
+                if out.finished:
+                    finals[i] = out
+            assert [(c.index, c.finish_reason) for c in finals[0].outputs] == [(0, "abort"), (1, "abort"),
+                                                                               (2, "abort")]
+            assert [(c.index, c.finish_reason) for c in finals[1].outputs] == [(0, "abort"), (1, "abort")]
+            stats = await aengine.run_on_engine(lambda e: e.stats())
+            assert (stats.num_running, stats.num_waiting, stats.num_used_blocks) == (0, 0, 0)
+            assert await aengine.run_on_engine(lambda e: e.ledger_anomalies()) == []
+        finally:
+            await aengine.shutdown()
+
+    _run(main())
+
+
 def test_rejected_add_is_atomic(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint, num_blocks=64)
 

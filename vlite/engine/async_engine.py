@@ -52,7 +52,8 @@ class EngineRequest:
 
 
 class RequestGroup:
-    """The streams of requests added together (one HTTP request: n choices, or several prompts).
+    """The streams of requests added together (one HTTP request: one engine request per
+    prompt; the n choices of a prompt are sequences of its one request, sharing its blocks).
 
     Iterate it on the event loop to get ``(index, RequestOutput)`` pairs, index being the
     request's position in the group, until every request has finished. Outputs are cumulative
@@ -389,15 +390,23 @@ def _set_future(fut: asyncio.Future, result: Any, exc: BaseException | None) -> 
 
 
 def _aborted_output(live: _Live) -> RequestOutput:
-    """The final output of an aborted request: its last output, marked finished with "abort"."""
+    """The final output of an aborted request: its last output, marked finished.
+
+    It has one CompletionOutput per choice (``sampling_params.n``): a choice that had already
+    finished keeps its finish_reason, every other one gets "abort" (a choice not seen yet, or a
+    beam search that had not finished, gets an empty one), so a stream can end every choice.
+    """
     now = time.time()
+    r = live.request
+    abort = FinishReason.ABORT.value
+    n = r.sampling_params.n
     if live.last is not None:
         last = live.last
-        completions = [dataclasses.replace(c, finish_reason=FinishReason.ABORT.value) for c in last.outputs]
+        by_index = {c.index: dataclasses.replace(c, finish_reason=c.finish_reason or abort) for c in last.outputs}
+        completions = [by_index.get(i) or CompletionOutput(i, "", [], finish_reason=abort) for i in range(n)]
         metrics = dataclasses.replace(last.metrics, finished_time=now)
         return dataclasses.replace(last, outputs=completions, finished=True, metrics=metrics,
                                    stream_holdback=0, new_token_ids=[])
-    r = live.request
     return RequestOutput(r.request_id, r.prompt, list(r.prompt_token_ids or []),
-                         [CompletionOutput(0, "", [], finish_reason=FinishReason.ABORT.value)], True,
+                         [CompletionOutput(i, "", [], finish_reason=abort) for i in range(n)], True,
                          r.origin, RequestMetrics(r.origin.arrival_time, finished_time=now))

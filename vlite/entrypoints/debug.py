@@ -12,7 +12,9 @@ read-only methods, so it is consistent (no half-applied step). Shape::
      "live_state": {...LLMEngine.live_state()}}
 
 ``sequences`` lists every live sequence (waiting ones with an empty block table) and every
-block table whose owner is no longer live (an orphan: a leak). ``origin`` is
+block table whose owner is no longer live (an orphan, a leak: its seq_id is in
+``live_state["orphan_block_tables"]``). The sequences forked by an n > 1 request or a beam
+search are listed through the second path, each with the request's id. ``origin`` is
 ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
 """
 

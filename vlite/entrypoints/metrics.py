@@ -104,6 +104,9 @@ class ServerMetrics:
             if out.finished:
                 self._last_token_time.pop(out.request_id, None)
         if out.finished:
-            reason = out.outputs[0].finish_reason if out.outputs else None
+            # One count per engine request (its n choices included): an error or abort of any
+            # choice is the request's reason, else the first choice's.
+            reasons = [c.finish_reason for c in out.outputs]
+            reason = next((r for r in ("error", "abort") if r in reasons), reasons[0] if reasons else None)
             self.request_success.labels(self.model_name, reason or "error").inc()
             self.e2e.observe(max(0.0, (m.finished_time or time.time()) - m.arrival_time))

@@ -62,6 +62,12 @@ class SamplingRequest(OpenAIBase):
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    # Beam search, in vLLM's older OpenAI-server style: use_beam_search + best_of (beam width,
+    # default n) + length_penalty; returns the n best beams. best_of without beam search must
+    # equal n (OpenAI's best_of sampling is not supported).
+    best_of: int | None = None
+    use_beam_search: bool = False
+    length_penalty: float | None = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -72,7 +78,6 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
 
 
 class TextContentPart(OpenAIBase):

@@ -1,5 +1,10 @@
 """What the completion and chat routes share: origin, sampling params, engine requests, SSE
-streaming and the abort-on-disconnect plumbing."""
+streaming and the abort-on-disconnect plumbing.
+
+One engine request per prompt: its ``n`` choices (parallel samples or beams) are the
+sequences of that one request, which share the prompt's KV blocks by ref_count. Choice ``j``
+of the request is ``RequestOutput.outputs[j]`` (``CompletionOutput.index == j``).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from vlite.engine.async_engine import EngineNotRunningError, EngineRequest, RequestGroup
 from vlite.engine.llm_engine import RequestRejectedError
-from vlite.engine.outputs import RequestOutput
+from vlite.engine.outputs import CompletionOutput, RequestOutput
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.sequence import RequestOrigin
 from vlite.entrypoints.errors import APIError
@@ -46,9 +51,10 @@ class RequestInfo:
         return cls(request.state.request_id, request.url.path, request.headers.get(CLIENT_TAG_HEADER),
                    request.headers.get(CLIENT_ACTION_HEADER), time.time())
 
-    def engine_request_id(self, index: int, total: int) -> str:
-        """One engine request per choice: the HTTP id itself, or ``<id>-<index>`` when several."""
-        return self.request_id if total == 1 else f"{self.request_id}-{index}"
+    def engine_request_id(self, prompt_index: int, num_prompts: int) -> str:
+        """One engine request per prompt (its n choices are sequences of it): the HTTP id
+        itself, or ``<id>-<prompt_index>`` when one completions request carries several prompts."""
+        return self.request_id if num_prompts == 1 else f"{self.request_id}-{prompt_index}"
 
     def origin(self, engine_request_id: str) -> RequestOrigin:
         return RequestOrigin(engine_request_id, self.arrival_time, self.route, self.client_tag, self.client_action)
@@ -72,11 +78,20 @@ def warn_ignored_fields(req: BaseModel) -> None:
 def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
     """SamplingParams from an OpenAI request (OpenAI's defaults where a field is null).
 
+    ``n`` choices become ``SamplingParams(n=n)``: one engine request whose samples fork from
+    the prompt. ``use_beam_search`` (vLLM's older API field) becomes beam search with width
+    ``best_of`` (default ``n``), see ``beam_search_params``.
+
     Raises:
         APIError: 400 for a value out of range or an unsupported option.
     """
+    check_n(req.n)
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if req.use_beam_search:
+        return beam_search_params(req, max_tokens, logprobs)
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of other than n is only supported with use_beam_search", param="best_of")
     try:
         return SamplingParams(
             max_tokens=max_tokens, min_tokens=req.min_tokens,
@@ -87,7 +102,48 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             seed=req.seed, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos, n=1, logprobs=logprobs)
+            ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs)
+    except ValueError as exc:
+        message = str(exc)
+        raise APIError(400, message, param=message.split(" ", 1)[0]) from None
+
+
+def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """Beam search as vLLM's OpenAI server took it up to v0.6 (its "extra parameters":
+    ``use_beam_search: true``, ``best_of`` = beam width W, ``length_penalty``): W defaults to
+    ``n`` and must be >= max(n, 2); the ``n`` best beams are returned, best first; score = sum
+    of token logprobs (nats) / generated_len ** length_penalty (default 1.0).
+
+    The engine's beam search scores with raw log-probabilities (transformers' ``num_beams``
+    without sampling), so anything that would change them or end a beam early is refused
+    rather than ignored: temperature > 0, penalties, stop strings, stop_token_ids,
+    min_tokens, logprobs. top_p / top_k / min_p do not apply (no sampling).
+
+    Raises:
+        APIError: 400 naming the offending field.
+    """
+    width = req.n if req.best_of is None else req.best_of
+    if width < max(req.n, 2):
+        raise APIError(400, f"beam search needs best_of (the beam width) >= max(n, 2); got best_of={width}, "
+                       f"n={req.n}", param="best_of")
+    refused = [
+        ("temperature", req.temperature not in (None, 0, 0.0), "beam search needs temperature 0"),
+        ("stop", bool(req.stop), "beam search does not support stop strings"),
+        ("stop_token_ids", bool(req.stop_token_ids), "beam search does not support stop_token_ids"),
+        ("min_tokens", req.min_tokens > 0, "beam search does not support min_tokens"),
+        ("logprobs", logprobs is not None, "beam search does not return logprobs"),
+        ("presence_penalty", bool(req.presence_penalty), "beam search does not support penalties"),
+        ("frequency_penalty", bool(req.frequency_penalty), "beam search does not support penalties"),
+        ("repetition_penalty", req.repetition_penalty not in (None, 1, 1.0),
+         "beam search does not support penalties"),
+    ]
+    for param, bad, message in refused:
+        if bad:
+            raise APIError(400, message, param=param)
+    length_penalty = 1.0 if req.length_penalty is None else req.length_penalty
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=req.ignore_eos, n=req.n,
+                              beam_width=width, length_penalty=length_penalty)
     except ValueError as exc:
         message = str(exc)
         raise APIError(400, message, param=message.split(" ", 1)[0]) from None
@@ -112,7 +168,8 @@ async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> Re
 
 
 async def collect_final(group: RequestGroup) -> list[RequestOutput]:
-    """Wait for every request of ``group`` to finish; their final outputs in index order.
+    """Wait for every request of ``group`` (one per prompt) to finish; their final outputs in
+    prompt order, each with its choices in ``outputs``.
 
     Raises APIError 503 if the server aborted them (shutdown) and 500 if one failed.
     """
@@ -125,31 +182,98 @@ async def collect_final(group: RequestGroup) -> list[RequestOutput]:
         except RuntimeError as exc:
             raise APIError(500, str(exc)) from None
     for out in finals:
-        reason = out.outputs[0].finish_reason
-        if reason == "abort":
+        reasons = {c.finish_reason for c in out.outputs}
+        if "error" in reasons or out.error:
+            raise APIError(500, f"the engine failed on this request: {out.error}")
+        if "abort" in reasons:
             raise APIError(503, "the request was aborted because the server is shutting down",
                            code="service_unavailable")
-        if reason == "error":
-            raise APIError(500, f"the engine failed on this request: {out.error}")
     return finals
 
 
-class TextStreamer:
-    """Turns one request's cumulative outputs into text deltas, holding back a possible
-    stop-string start (``stream_holdback``) until it is known not to be one."""
+class ChoiceStreamer:
+    """Turns one choice's cumulative output (a CompletionOutput) into text deltas, holding back
+    a possible stop-string start (``RequestOutput.stream_holdback`` characters) until it is
+    known not to be one. Each choice of an n > 1 request has its own streamer: choices
+    finish, and stop, independently."""
 
     def __init__(self) -> None:
         self.sent_chars = 0
         self.sent_tokens = 0
+        self.done = False  # the chunk with this choice's finish_reason has been produced
 
-    def advance(self, out: RequestOutput) -> tuple[str, int, int]:
-        """Returns (new text, first new token index, end token index)."""
-        c = out.outputs[0]
-        end = len(c.text) if out.finished else max(self.sent_chars, len(c.text) - out.stream_holdback)
+    def advance(self, c: CompletionOutput, holdback: int) -> tuple[str, int, int]:
+        """Returns (new text, first new token index, end token index); marks the choice done
+        once ``c`` carries a finish_reason (its text is then final: nothing held back)."""
+        finished = c.finish_reason is not None
+        end = len(c.text) if finished else max(self.sent_chars, len(c.text) - holdback)
         delta = c.text[self.sent_chars:end]
         self.sent_chars = max(self.sent_chars, end)
-        first, self.sent_tokens = self.sent_tokens, len(c.token_ids)
+        first = self.sent_tokens
+        if delta or finished:  # tokens whose text is still held back go with the next delta
+            self.sent_tokens = len(c.token_ids)
+        self.done = finished
         return delta, first, self.sent_tokens
+
+
+@dataclass
+class ChoiceDelta:
+    """What one choice gained in one engine output: new text (``text``, starting at character
+    ``text_offset`` of the choice's text), output tokens [first_token, end_token), and
+    ``choice`` (the cumulative CompletionOutput; its index is the choice's index within its
+    prompt, 0..n-1). ``error`` is set, once per prompt and with no text, when the engine
+    failed that prompt's request."""
+
+    prompt_index: int
+    out: RequestOutput
+    choice: CompletionOutput
+    text: str
+    text_offset: int
+    first_token: int
+    end_token: int
+    error: str | None = None
+
+
+class GroupStreamer:
+    """Per-choice deltas of a group (one engine request per prompt, ``n`` choices each).
+
+    Iterate it for ChoiceDelta items: one for each choice with new text or that has just
+    finished (a finished choice is reported exactly once). ``completion_tokens`` counts the
+    output tokens of every choice so far (for ``usage``). Raises RuntimeError if the engine
+    loop failed the request.
+    """
+
+    def __init__(self, group: RequestGroup, n: int) -> None:
+        self.group = group
+        self.streamers = [[ChoiceStreamer() for _ in range(n)] for _ in group.request_ids]
+        self.tokens = [[0] * n for _ in group.request_ids]
+        self.failed = [False] * len(group.request_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(map(sum, self.tokens))
+
+    def __aiter__(self) -> AsyncIterator[ChoiceDelta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChoiceDelta]:
+        async for p, out in self.group:
+            if self.failed[p]:
+                continue
+            if out.error or any(c.finish_reason == "error" for c in out.outputs):
+                self.failed[p] = True
+                c = out.outputs[0] if out.outputs else CompletionOutput(0, "", [], finish_reason="error")
+                yield ChoiceDelta(p, out, c, "", 0, 0, 0, error=out.error or "unknown error")
+                continue
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                st = self.streamers[p][c.index]
+                if st.done:
+                    continue
+                offset = st.sent_chars
+                text, first, end = st.advance(c, 0 if out.finished else out.stream_holdback)
+                self.tokens[p][c.index] = len(c.token_ids)
+                if text or st.done:
+                    yield ChoiceDelta(p, out, c, text, offset, first, end)
 
 
 def sse(payload: BaseModel | dict) -> str:

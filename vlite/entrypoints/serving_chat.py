@@ -1,5 +1,7 @@
 """POST /v1/chat/completions: the model's chat template (transformers) over ``messages``.
 
+The prompt is one engine request (id: the X-Request-Id) with ``SamplingParams(n=n)``: its
+``n`` choices (samples, or beams with ``use_beam_search``) share the prompt's KV blocks.
 Streaming follows OpenAI: per choice a first chunk with ``delta.role``, then content deltas,
 then a chunk with ``finish_reason``; ``stream_options.include_usage`` adds a usage chunk with
 no choices; the stream ends with ``data: [DONE]``.
@@ -13,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vlite.engine.async_engine import EngineRequest, RequestGroup
-from vlite.engine.outputs import RequestOutput
+from vlite.engine.outputs import CompletionOutput
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import (
     ChatChoiceLogprobs,
@@ -32,10 +34,9 @@ from vlite.entrypoints.protocol import (
 from vlite.entrypoints.serving import (
     SSE_DONE,
     AbortOnCloseStreamingResponse,
+    GroupStreamer,
     RequestInfo,
-    TextStreamer,
     add_to_engine,
-    check_n,
     collect_final,
     sampling_params,
     served_model,
@@ -74,9 +75,8 @@ def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     return text, tokenizer(text, add_special_tokens=False).input_ids
 
 
-def chat_logprobs(tokenizer, out: RequestOutput, start: int, end: int, num_top: int) -> ChatChoiceLogprobs:
-    """Chat logprobs for output tokens [start, end) (OpenAI's ``logprobs.content`` list)."""
-    c = out.outputs[0]
+def chat_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, num_top: int) -> ChatChoiceLogprobs:
+    """Chat logprobs of one choice for output tokens [start, end) (OpenAI's ``logprobs.content``)."""
     content = []
     for token_id, entry in zip(c.token_ids[start:end], (c.logprobs or [])[start:end]):
         token = tokenizer.decode([token_id])
@@ -88,6 +88,17 @@ def chat_logprobs(tokenizer, out: RequestOutput, start: int, end: int, num_top: 
     return ChatChoiceLogprobs(content=content)
 
 
+def _default_max_tokens(state: ServerState, req: ChatCompletionRequest, num_prompt_tokens: int) -> int:
+    """Output tokens (count) when the client gives no limit: OpenAI's "up to the context length",
+    capped so that all n samples (or W beams) of the request fit the KV cache at once, which
+    the engine requires of a request it admits (LLMEngine._check_fits). At least 1; a prompt
+    that leaves no room is then refused by the engine with its own message."""
+    width = max(req.n, (req.best_of or req.n) if req.use_beam_search else 1, 1)
+    engine = state.engine.engine  # block_size and the block count are fixed once loaded
+    cache_tokens = (engine.block_manager.num_total_blocks // width) * engine.block_size
+    return max(1, min(state.max_model_len, cache_tokens) - num_prompt_tokens)
+
+
 async def create_chat_completion(req: ChatCompletionRequest, request: Request, state: ServerState) -> Response:
     """Validate, queue and answer one chat completions request (JSON or an SSE stream).
 
@@ -97,7 +108,6 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, s
     """
     warn_ignored_fields(req)
     model = served_model(state, req.model)
-    check_n(req.n)
     if req.tools:
         raise APIError(400, "tools are not supported", param="tools")
     if req.top_logprobs is not None and not req.logprobs:
@@ -105,35 +115,35 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, s
     tokenizer = state.engine.engine.tokenizer
     text, ids = render_chat(tokenizer, req.messages, req.add_generation_prompt)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_tokens is None:  # OpenAI: up to the context length
-        max_tokens = max(1, state.max_model_len - len(ids))
+    if max_tokens is None:
+        max_tokens = _default_max_tokens(state, req, len(ids))
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, num_top)
     info = RequestInfo.from_request(request)
-    engine_requests = [EngineRequest(text, params, info.origin(info.engine_request_id(j, req.n)), ids)
-                       for j in range(req.n)]
-    group = await add_to_engine(state, engine_requests)
+    group = await add_to_engine(state, [EngineRequest(text, params, info.origin(info.request_id), ids)])
     response_id = f"chatcmpl-{info.request_id}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return AbortOnCloseStreamingResponse(
-            _stream(group, tokenizer, response_id, model, num_top, include_usage, len(ids)), group)
-    finals = await collect_final(group)
+            _stream(group, req.n, tokenizer, response_id, model, num_top, include_usage, len(ids)), group)
+    (final,) = await collect_final(group)
     choices = []
-    for i, out in enumerate(finals):
-        c = out.outputs[0]
-        logprobs = chat_logprobs(tokenizer, out, 0, len(c.token_ids), num_top) if num_top is not None else None
-        choices.append(ChatCompletionChoice(index=i, message=ChatResponseMessage(content=c.text), logprobs=logprobs,
-                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-    completion_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
+    for c in sorted(final.outputs, key=lambda c: c.index):
+        logprobs = chat_logprobs(tokenizer, c, 0, len(c.token_ids), num_top) if num_top is not None else None
+        choices.append(ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                                            logprobs=logprobs, finish_reason=c.finish_reason,
+                                            stop_reason=c.stop_reason))
+    completion_tokens = sum(len(c.token_ids) for c in final.outputs)
     body = ChatCompletionResponse(id=response_id, model=model, choices=choices,
                                   usage=UsageInfo(prompt_tokens=len(ids), completion_tokens=completion_tokens,
                                                   total_tokens=len(ids) + completion_tokens))
     return JSONResponse(body.model_dump(mode="json"))
 
 
-async def _stream(group: RequestGroup, tokenizer, response_id: str, model: str, num_top: int | None,
+async def _stream(group: RequestGroup, n: int, tokenizer, response_id: str, model: str, num_top: int | None,
                   include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+    """SSE chunks: the role chunk of every choice, then one choice per chunk; a choice's last
+    chunk carries its finish_reason. Beam search choices arrive whole in one chunk at the end."""
     def chunk(index: int, delta: DeltaMessage, finish_reason: str | None = None,
               logprobs: ChatChoiceLogprobs | None = None) -> str:
         body = ChatCompletionChunk(id=response_id, model=model, choices=[ChatStreamChoice(
@@ -143,27 +153,22 @@ async def _stream(group: RequestGroup, tokenizer, response_id: str, model: str, 
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
         return sse(data)
 
-    streamers = [TextStreamer() for _ in group.request_ids]
-    completion_tokens = [0] * len(group.request_ids)
-    for i in range(len(group.request_ids)):
-        yield chunk(i, DeltaMessage(role="assistant", content=""))
+    for j in range(n):
+        yield chunk(j, DeltaMessage(role="assistant", content=""))
+    deltas = GroupStreamer(group, n)
     try:
-        async for i, out in group:
-            c = out.outputs[0]
-            delta, first, end = streamers[i].advance(out)
-            completion_tokens[i] = len(c.token_ids)
-            if c.finish_reason == "error":
-                yield APIError(500, f"the engine failed on this request: {out.error}").sse()
+        async for d in deltas:
+            if d.error is not None:
+                yield APIError(500, f"the engine failed on this request: {d.error}").sse()
                 continue
-            if not delta and not out.finished:
-                continue
-            logprobs = chat_logprobs(tokenizer, out, first, end, num_top) if num_top is not None else None
-            yield chunk(i, DeltaMessage(content=delta) if delta else DeltaMessage(), c.finish_reason, logprobs)
+            c = d.choice
+            logprobs = chat_logprobs(tokenizer, c, d.first_token, d.end_token, num_top) if num_top is not None else None
+            yield chunk(c.index, DeltaMessage(content=d.text) if d.text else DeltaMessage(), c.finish_reason, logprobs)
     except RuntimeError as exc:  # the engine loop failed this request
         yield APIError(500, str(exc)).sse()
     if include_usage:
-        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(completion_tokens),
-                          total_tokens=prompt_tokens + sum(completion_tokens))
+        tokens = deltas.completion_tokens
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=tokens, total_tokens=prompt_tokens + tokens)
         body = ChatCompletionChunk(id=response_id, model=model, choices=[], usage=usage)
         yield sse(body.model_dump(mode="json"))
     yield SSE_DONE

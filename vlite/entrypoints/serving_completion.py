@@ -1,8 +1,11 @@
 """POST /v1/completions (OpenAI's legacy Completions API, as vLLM serves it).
 
-Each prompt gets ``n`` choices; each choice is one engine request (``<X-Request-Id>-<index>``
-when there are several, with index = prompt_index * n + j). Streaming sends OpenAI's
-``text_completion`` chunks as Server-Sent Events, ending with ``data: [DONE]``.
+Each prompt is one engine request (the X-Request-Id itself, or ``<X-Request-Id>-<prompt_index>``
+when the request carries several prompts) with ``SamplingParams(n=n)``: its ``n`` samples (or
+beams, with ``use_beam_search``) share the prompt's KV blocks. Choice ``j`` of prompt ``p`` is
+the response's choice ``p * n + j``, as in OpenAI's and vLLM's servers. Streaming sends OpenAI's
+``text_completion`` chunks (one choice per chunk) as Server-Sent Events, ending with
+``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vlite.engine.async_engine import EngineRequest, RequestGroup
-from vlite.engine.outputs import RequestOutput
+from vlite.engine.outputs import CompletionOutput
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import (
     CompletionChoice,
@@ -25,10 +28,9 @@ from vlite.entrypoints.protocol import (
 from vlite.entrypoints.serving import (
     SSE_DONE,
     AbortOnCloseStreamingResponse,
+    GroupStreamer,
     RequestInfo,
-    TextStreamer,
     add_to_engine,
-    check_n,
     collect_final,
     sampling_params,
     served_model,
@@ -62,10 +64,10 @@ def _prompts(req: CompletionRequest, tokenizer) -> list[tuple[str | None, list[i
     return out
 
 
-def completion_logprobs(tokenizer, out: RequestOutput, start: int, end: int, num_top: int,
+def completion_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, num_top: int,
                         text_offset: int) -> CompletionLogprobs:
-    """Legacy logprobs for output tokens [start, end): token text, its logprob, the top ``num_top``."""
-    c = out.outputs[0]
+    """Legacy logprobs of one choice for output tokens [start, end): token text, its logprob
+    and the top ``num_top``; ``text_offset`` is the character offset of token ``start``."""
     result = CompletionLogprobs()
     offset = text_offset
     for token_id, entry in zip(c.token_ids[start:end], (c.logprobs or [])[start:end]):
@@ -88,71 +90,62 @@ async def create_completion(req: CompletionRequest, request: Request, state: Ser
     """
     warn_ignored_fields(req)
     model = served_model(state, req.model)
-    check_n(req.n)
     if req.echo:
         raise APIError(400, "echo is not supported", param="echo")
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
-    if req.best_of is not None and req.best_of != req.n:
-        raise APIError(400, "best_of other than n is not supported", param="best_of")
     if req.max_tokens is None:
         raise APIError(400, "max_tokens must be an integer >= 1, got None", param="max_tokens")
     params = sampling_params(req, req.max_tokens, req.logprobs)
     tokenizer = state.engine.engine.tokenizer
     prompts = _prompts(req, tokenizer)
     info = RequestInfo.from_request(request)
-    total = len(prompts) * req.n
-    engine_requests = [
-        EngineRequest(text, params, info.origin(info.engine_request_id(p * req.n + j, total)), ids)
-        for p, (text, ids) in enumerate(prompts) for j in range(req.n)]
+    engine_requests = [EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)
+                       for p, (text, ids) in enumerate(prompts)]
     group = await add_to_engine(state, engine_requests)
     response_id = f"cmpl-{info.request_id}"
+    prompt_tokens = sum(len(ids) for _, ids in prompts)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        stream = _stream(group, tokenizer, response_id, model, req.logprobs, include_usage,
-                         sum(len(ids) for _, ids in prompts))
+        stream = _stream(group, req.n, tokenizer, response_id, model, req.logprobs, include_usage, prompt_tokens)
         return AbortOnCloseStreamingResponse(stream, group)
     finals = await collect_final(group)
     choices = []
-    for i, out in enumerate(finals):
-        c = out.outputs[0]
-        logprobs = (completion_logprobs(tokenizer, out, 0, len(c.token_ids), req.logprobs, 0)
-                    if req.logprobs is not None else None)
-        choices.append(CompletionChoice(index=i, text=c.text, logprobs=logprobs, finish_reason=c.finish_reason,
-                                        stop_reason=c.stop_reason))
-    prompt_tokens = sum(len(ids) for _, ids in prompts)
-    completion_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
+    for p, out in enumerate(finals):
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            logprobs = (completion_logprobs(tokenizer, c, 0, len(c.token_ids), req.logprobs, 0)
+                        if req.logprobs is not None else None)
+            choices.append(CompletionChoice(index=p * req.n + c.index, text=c.text, logprobs=logprobs,
+                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+    completion_tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
     body = CompletionResponse(id=response_id, model=model, choices=choices,
                               usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                               total_tokens=prompt_tokens + completion_tokens))
     return JSONResponse(body.model_dump(mode="json"))
 
 
-async def _stream(group: RequestGroup, tokenizer, response_id: str, model: str, num_logprobs: int | None,
+async def _stream(group: RequestGroup, n: int, tokenizer, response_id: str, model: str, num_logprobs: int | None,
                   include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
-    streamers = [TextStreamer() for _ in group.request_ids]
-    completion_tokens = [0] * len(group.request_ids)
+    """SSE chunks, one choice per chunk (index = prompt_index * n + j); a choice's last chunk
+    carries its finish_reason. Beam search choices arrive whole in one chunk at the end."""
+    deltas = GroupStreamer(group, n)
     try:
-        async for i, out in group:
-            c = out.outputs[0]
-            offset = streamers[i].sent_chars
-            delta, first, end = streamers[i].advance(out)
-            completion_tokens[i] = len(c.token_ids)
-            if c.finish_reason == "error":
-                yield APIError(500, f"the engine failed on this request: {out.error}").sse()
+        async for d in deltas:
+            if d.error is not None:
+                yield APIError(500, f"the engine failed on this request: {d.error}").sse()
                 continue
-            if not delta and not out.finished:
-                continue
-            logprobs = (completion_logprobs(tokenizer, out, first, end, num_logprobs, offset)
+            c = d.choice
+            logprobs = (completion_logprobs(tokenizer, c, d.first_token, d.end_token, num_logprobs, d.text_offset)
                         if num_logprobs is not None else None)
+            done = c.finish_reason is not None
             chunk = CompletionResponse(id=response_id, model=model, choices=[CompletionChoice(
-                index=i, text=delta, logprobs=logprobs, finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason if out.finished else None)])
+                index=d.prompt_index * n + c.index, text=d.text, logprobs=logprobs, finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason if done else None)])
             yield sse(chunk.model_dump(mode="json", exclude={"usage"}))
     except RuntimeError as exc:  # the engine loop failed this request
         yield APIError(500, str(exc)).sse()
     if include_usage:
-        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(completion_tokens),
-                          total_tokens=prompt_tokens + sum(completion_tokens))
+        tokens = deltas.completion_tokens
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=tokens, total_tokens=prompt_tokens + tokens)
         yield sse(CompletionResponse(id=response_id, model=model, choices=[], usage=usage).model_dump(mode="json"))
     yield SSE_DONE
