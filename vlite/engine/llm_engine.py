@@ -546,16 +546,33 @@ class LLMEngine:
             blocks=self.block_manager.stats(),
         )
 
+    def _live_sequences(self) -> dict[int, Sequence]:
+        return {s.seq_id: s for seqs in self.scheduler.requests.values() for s in seqs}
+
     def ledger(self) -> list[LedgerRecord]:
-        """Every block reference still held, with its owner's origin (oldest first)."""
+        """Every block reference still held, with its owner's origin and current (or final)
+        status (oldest first)."""
         now = time.time()
+        live = self._live_sequences()
         out = []
         for e in self.block_manager.ledger.held():
             rec = self._records.get(e.seq_id)
+            seq = live.get(e.seq_id)
+            status = seq.status.value if seq else (rec.status if rec else None)
             out.append(LedgerRecord(e.block_id, e.seq_id, e.request_id, e.site.value, e.step, now - e.time,
-                                    rec.origin if rec else None, rec.status if rec else None,
-                                    rec.finish_reason if rec else None))
+                                    rec.origin if rec else None, status, rec.finish_reason if rec else None))
         return out
+
+    def sequences_view(self) -> list[dict]:
+        """Every live sequence (all samples and beams of every request): ids, index, status,
+        token counts (tokens) and block table. A read-only copy."""
+        tables = self.block_manager.block_tables
+        return [{"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "status": s.status.value,
+                 "parent_seq_id": s.parent_seq_id, "num_prompt_tokens": s.num_prompt_tokens,
+                 "num_computed_tokens": s.num_computed_tokens, "num_output_tokens": s.num_output_tokens,
+                 "num_preemptions": s.num_preemptions, "block_table": list(tables.get(s.seq_id, ())),
+                 "origin": s.origin}
+                for s in self._live_sequences().values()]
 
     def ledger_anomalies(self) -> list[LedgerAnomaly]:
         return self.block_manager.ledger.anomalies()
@@ -566,7 +583,7 @@ class LLMEngine:
     def live_state(self) -> dict[str, list]:
         """Per-request CPU-side state, for leak checks: ids of live requests and block tables,
         and which block tables belong to sequences that already finished."""
-        live_seq_ids = {s.seq_id for seqs in self.scheduler.requests.values() for s in seqs}
+        live_seq_ids = set(self._live_sequences())
         tables = list(self.block_manager.block_tables)
         return {
             "live_request_ids": list(self.scheduler.requests),

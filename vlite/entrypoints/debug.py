@@ -5,16 +5,15 @@ read-only methods, so it is consistent (no half-applied step). Shape::
 
     {"num_total_blocks", "num_free_blocks", "num_used_blocks", "num_cached_blocks", "kv_cache_usage",
      "num_running", "num_waiting",
-     "sequences": [{"seq_id", "request_id", "status", "block_table", "origin"}],
+     "sequences": [{"seq_id", "request_id", "index", "status", "block_table", "origin"}],
      "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
                  "finish_reason"}],
      "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
      "live_state": {...LLMEngine.live_state()}}
 
-``sequences`` lists every live sequence (waiting ones with an empty block table) and every
-block table whose owner is no longer live (an orphan, a leak: its seq_id is in
-``live_state["orphan_block_tables"]``). The sequences forked by an n > 1 request or a beam
-search are listed through the second path, each with the request's id. ``origin`` is
+``sequences`` lists every live sequence, including each sample of an n > 1 request and each
+beam (waiting ones with an empty block table), and then every block table whose owner is no
+longer live (an orphan, a leak: its seq_id is in ``live_state["orphan_block_tables"]``). ``origin`` is
 ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
 """
 
@@ -37,22 +36,17 @@ def blocks_snapshot(engine: LLMEngine) -> dict:
     live = engine.live_state()
     sequences = []
     listed: set[int] = set()
-    for request_id in live["live_request_ids"]:
-        progress = engine.request_progress(request_id)
-        if progress is None:
-            continue
-        seq_id = int(progress["seq_id"])
-        record = engine.request_record(seq_id)
-        sequences.append({"seq_id": seq_id, "request_id": request_id, "status": progress["status"],
-                          "block_table": tables.get(seq_id, []),
-                          "origin": _origin(record.origin if record else None)})
-        listed.add(seq_id)
+    for seq in engine.sequences_view():
+        sequences.append({"seq_id": seq["seq_id"], "request_id": seq["request_id"], "index": seq["index"],
+                          "status": seq["status"], "block_table": seq["block_table"],
+                          "origin": _origin(seq["origin"])})
+        listed.add(seq["seq_id"])
     for seq_id, table in tables.items():
         if seq_id in listed:
             continue
         record = engine.request_record(seq_id)
         sequences.append({"seq_id": seq_id, "request_id": record.origin.request_id if record else None,
-                          "status": record.status if record else None, "block_table": table,
+                          "index": None, "status": record.status if record else None, "block_table": table,
                           "origin": _origin(record.origin if record else None)})
     ledger = [{"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
                "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
