@@ -65,20 +65,58 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, 
     return o.transpose(0, 1)
 
 
+def decode_groups(seq_lens: list[int], max_waste: float = 0.25, min_group: int = 8) -> list[list[int]]:
+    """Split decode rows into groups of similar context length, longest first.
+
+    A padded batch costs memory traffic for its longest row, so rows are sorted by length and a
+    new group starts once a row is more than ``max_waste`` shorter than its group's longest (and
+    the group has ``min_group`` rows; tiny groups would cost more in per-call overhead).
+    Returns lists of row indices into ``seq_lens``.
+    """
+    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__, reverse=True)
+    groups: list[list[int]] = [[]]
+    for row in order:
+        cur = groups[-1]
+        if len(cur) >= min_group and seq_lens[row] < (1 - max_waste) * seq_lens[cur[0]]:
+            groups.append(cur := [])
+        cur.append(row)
+    return groups
+
+
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per sequence: gather every sequence's blocks into a padded batch."""
+    """One query per sequence. Rows of similar context length are gathered into one padded
+    batch (``decode_groups``) and attended with one SDPA call per group.
+
+    The gather copies each row's blocks out of the cache, so its cost is memory traffic:
+    rows x padded length x Hkv x D per layer, for K and for V.
+    """
     nd = q.shape[0]
-    block_size = k_cache.shape[1]
-    max_len = max(meta.seq_lens_list[:nd])
+    lens = meta.seq_lens_list[:nd]
+    groups = decode_groups(lens)
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], lens[groups[0][0]],
+                             scale)
+    out = torch.empty_like(q)
+    for rows in groups:
+        idx = torch.tensor(rows, device=q.device)
+        out[idx] = _decode_group(q[idx], k_cache, v_cache, meta.block_tables[idx], meta.seq_lens[idx],
+                                 lens[rows[0]], scale)
+    return out
+
+
+def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+    """q [n, Hq, D] over the first seq_lens[i] cached tokens of block_tables[i]; returns [n, Hq, D]."""
+    n, block_size = q.shape[0], k_cache.shape[1]
     nblk = -(-max_len // block_size)
-    tables = meta.block_tables[:nd, :nblk]
-    k = k_cache[tables].flatten(1, 2)  # [nd, nblk*bs, Hkv, D]
-    v = v_cache[tables].flatten(1, 2)
-    mask = torch.arange(nblk * block_size, device=q.device)[None, :] < meta.seq_lens[:nd, None]
-    qh = q.unsqueeze(2)  # [nd, Hq, 1, D]
-    kh, vh = k.transpose(1, 2), v.transpose(1, 2)
-    gqa = qh.shape[1] != kh.shape[1]
+    flat = block_tables[:, :nblk].reshape(-1)
+    # index_select on the block dim: one contiguous copy of block_size * Hkv * D values per block
+    k = k_cache.index_select(0, flat).view(n, nblk * block_size, *k_cache.shape[2:])
+    v = v_cache.index_select(0, flat).view(n, nblk * block_size, *v_cache.shape[2:])
+    mask = torch.arange(nblk * block_size, device=q.device)[None, :] < seq_lens[:, None]
+    qh = q.unsqueeze(2)  # [n, Hq, 1, D]
+    kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, L, D]
     o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scale,
-                                       enable_gqa=gqa)
+                                       enable_gqa=qh.shape[1] != kh.shape[1])
     return o.squeeze(2)

@@ -34,9 +34,14 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, ``x * cos + rotate_half(x) * sin`` as transformers computes it.
+
+    x: [T, H, D]; cos, sin_signed: [T, 1, D] with ``sin_signed = cat(-sin[:D/2], sin[D/2:])``,
+    so ``rotate_half(x) * sin == roll(x, D/2) * sin_signed`` exactly (negating a factor is exact
+    in IEEE arithmetic) and the negation is done once per step, not once per layer.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 class Attention(nn.Module):
@@ -54,13 +59,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, hidden]; cos, sin [T, 1, D] (sin with its first half negated, see ``apply_rotary``)."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        qkv = self.qkv_proj(x)
+        # q and k heads side by side get their rotary in one pass: [T, Hq + Hkv, D]
+        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
@@ -130,8 +135,10 @@ class LlamaForCausalLM(nn.Module):
             rotary = LlamaRotaryEmbedding(self.config)
             positions = torch.arange(self.max_model_len)[None, :]
             cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+        half = cos.shape[-1] // 2
+        sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see apply_rotary
         self.register_buffer("cos_table", cos[0].float(), persistent=False)
-        self.register_buffer("sin_table", sin[0].float(), persistent=False)
+        self.register_buffer("sin_table", sin_signed.float(), persistent=False)
 
     @property
     def num_layers(self) -> int:

@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, runners, serving client and vLLM-compatible metrics (``vlite bench``)."""

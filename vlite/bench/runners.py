@@ -1,0 +1,169 @@
+"""Offline runners: the same requests through vlite's engine and through transformers.
+
+Every runner returns a :class:`RunResult`: wall time of the generation alone (model loading
+and warm-up excluded) and the generated token ids per request, so callers can compute
+throughput and compare outputs token by token.
+
+The transformers baselines:
+  * ``hf-static``: vLLM's ``run_hf``: requests in order, packed into left-padded batches of at
+    most ``max_batch_size``; each batch generates up to its longest requested output, and only
+    the requested tokens count.
+  * ``hf-continuous``: transformers' own continuous batching
+    (``continuous_batching_context_manager``), one request per prompt with its own
+    ``max_new_tokens``.
+Both run greedy with EOS disabled, like the vlite run (``ignore_eos``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from vlite.bench.datasets import SampleRequest
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class RunResult:
+    """elapsed_s: wall seconds of generation. token_ids: generated ids per request, in request order."""
+
+    backend: str
+    elapsed_s: float
+    token_ids: list[list[int]]
+
+    def summary(self, requests: list[SampleRequest]) -> dict[str, float]:
+        """vLLM's throughput numbers; prompt and output totals count what was requested."""
+        prompt = sum(r.prompt_len for r in requests)
+        output = sum(r.expected_output_len for r in requests)
+        return {
+            "elapsed_time": self.elapsed_s,
+            "num_requests": len(requests),
+            "total_num_tokens": prompt + output,
+            "total_prompt_tokens": prompt,
+            "total_output_tokens": output,
+            "requests_per_second": len(requests) / self.elapsed_s,
+            "tokens_per_second": (prompt + output) / self.elapsed_s,
+            "output_tokens_per_second": output / self.elapsed_s,
+        }
+
+
+def progress_bar(enabled: bool = True):
+    """A transient rich progress bar (description, bar, done/total, elapsed)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=True, disable=not enabled)
+
+
+def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True, temperature: float = 0.0,
+              warmup: bool = True) -> RunResult:
+    """All requests through ``engine.generate`` (continuous batching), greedy unless ``temperature`` > 0.
+
+    Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
+    batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
+    """
+    from vlite.engine.sampling_params import SamplingParams
+
+    if warmup:
+        engine.generate([r.prompt_token_ids[:16] for r in requests[:2]],
+                        SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    params = [SamplingParams(max_tokens=r.expected_output_len, temperature=temperature, ignore_eos=True,
+                             seed=0 if temperature > 0 else None) for r in requests]
+    start = time.perf_counter()
+    outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress)
+    elapsed = time.perf_counter() - start
+    return RunResult("vlite", elapsed, [list(o.outputs[0].token_ids) for o in outs])
+
+
+def load_hf_model(model_path: str, dtype: str = "float32"):
+    """transformers' AutoModelForCausalLM from a local directory, in eval mode on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
+
+
+@torch.inference_mode()
+def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_batch_size: int = 64,
+                  show_progress: bool = True) -> RunResult:
+    """Left-padded static batches of at most ``max_batch_size`` requests, in request order."""
+    progress = progress_bar(show_progress)
+    token_ids: list[list[int]] = []
+    start = time.perf_counter()
+    with progress:
+        task = progress.add_task("transformers static batch", total=len(requests))
+        for b in range(0, len(requests), max_batch_size):
+            batch = requests[b:b + max_batch_size]
+            width = max(r.prompt_len for r in batch)
+            ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, r in enumerate(batch):
+                ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
+                mask[i, width - r.prompt_len:] = 1
+            max_new = max(r.expected_output_len for r in batch)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                                 do_sample=False, eos_token_id=None, pad_token_id=pad_token_id)
+            for i, r in enumerate(batch):
+                token_ids.append(out[i, width:width + r.expected_output_len].tolist())
+            progress.advance(task, len(batch))
+    return RunResult("hf-static", time.perf_counter() - start, token_ids)
+
+
+@torch.inference_mode()
+def run_hf_continuous(model, requests: list[SampleRequest], show_progress: bool = True,
+                      timeout_s: float = 3600.0) -> RunResult:
+    """transformers' continuous batching, each request with its own ``max_new_tokens``.
+
+    Raises:
+        RuntimeError: the manager stopped or ``timeout_s`` passed before every request finished.
+    """
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=max(r.expected_output_len for r in requests),
+                              eos_token_id=-1, pad_token_id=0)
+    progress = progress_bar(show_progress)
+    results: dict[str, list[int]] = {}
+    with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=5) as manager:
+        start = time.perf_counter()
+        with progress:
+            task = progress.add_task("transformers continuous batching", total=len(requests))
+            for i, r in enumerate(requests):
+                manager.add_request(r.prompt_token_ids, request_id=f"r{i}", max_new_tokens=r.expected_output_len,
+                                    eos_token_id=-1)
+            while len(results) < len(requests):
+                if time.perf_counter() - start > timeout_s:
+                    raise RuntimeError(f"transformers continuous batching: timed out after {timeout_s:.0f}s")
+                out = manager.get_result(timeout=1)
+                if out is None:
+                    if not manager.is_running():
+                        raise RuntimeError("transformers continuous batching stopped before finishing")
+                    continue
+                if out.is_finished():
+                    if out.error:
+                        raise RuntimeError(f"transformers continuous batching: {out.request_id}: {out.error}")
+                    results[out.request_id] = list(out.generated_tokens)
+                    progress.advance(task)
+        elapsed = time.perf_counter() - start
+    return RunResult("hf-continuous", elapsed, [results[f"r{i}"] for i in range(len(requests))])
+
+
+def token_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
+    """How far two runs' greedy outputs agree.
+
+    Returns ``positions``: fraction of output positions with the same token (compared up to the
+    shorter output of each pair); ``prefix``: mean fraction of each output before the first
+    difference; ``identical``: fraction of requests whose outputs are equal.
+    """
+    same = total = 0
+    prefix, identical = [], 0
+    for x, y in zip(a, b):
+        n = min(len(x), len(y))
+        same += sum(int(p == q) for p, q in zip(x[:n], y[:n]))
+        total += n
+        first = next((i for i in range(n) if x[i] != y[i]), n)
+        prefix.append(first / max(1, max(len(x), len(y))))
+        identical += int(x == y)
+    return {"positions": same / max(1, total), "prefix": sum(prefix) / max(1, len(prefix)),
+            "identical": identical / max(1, len(prefix))}
