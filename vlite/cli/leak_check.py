@@ -32,13 +32,13 @@ def leak_check(
                                  help="'synthetic', a JSONL trace (.jsonl), or a ShareGPT file (.json)."),
     num_requests: int = typer.Option(200, "--num-requests", "-n", min=1, help="Requests (synthetic/ShareGPT)."),
     input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
-    output_len: str = typer.Option("8:48", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
+    output_len: str = typer.Option("8:32", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
     request_rate: float = typer.Option(float("inf"), "--request-rate",
                                        help="Poisson arrival rate, requests/s (inf = all at once)."),
-    max_concurrency: int = typer.Option(32, "--max-concurrency", min=1, help="Most requests in flight."),
+    max_concurrency: int = typer.Option(64, "--max-concurrency", min=1, help="Most requests in flight."),
     idle_every: int | None = typer.Option(None, "--idle-every", min=0,
                                           help="Wait for the engine to go idle after every N requests, giving the "
-                                               "trend its troughs (default: num_requests/10; 0 = never)."),
+                                               "trend its troughs (default: num_requests/5; 0 = never)."),
     abort_rate: float = typer.Option(0.0, "--abort-rate", min=0.0, max=1.0, help="Fraction of requests aborted."),
     abort_mode: str = typer.Option("mix", "--abort-mode", help=_MIX_HELP),
     url: str | None = typer.Option(None, "--url", help="Target a running `vlite serve` (http://host:port)."),
@@ -82,7 +82,8 @@ def leak_check(
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
                            count_tokens=None)
-    every = idle_every if idle_every is not None else max(1, len(specs) // 10)
+    # Five waves: enough troughs for the fit, and few enough drains to keep batches full.
+    every = idle_every if idle_every is not None else max(1, len(specs) // 5)
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     if url:
