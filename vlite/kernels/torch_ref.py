@@ -115,8 +115,11 @@ def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k = k_cache.index_select(0, flat).view(n, nblk * block_size, *k_cache.shape[2:])
     v = v_cache.index_select(0, flat).view(n, nblk * block_size, *v_cache.shape[2:])
     mask = torch.arange(nblk * block_size, device=q.device)[None, :] < seq_lens[:, None]
-    qh = q.unsqueeze(2)  # [n, Hq, 1, D]
+    num_kv_heads = k_cache.shape[2]
+    # GQA without repeating K/V: the query heads that share a KV head become that head's
+    # "query rows" ([n, Hkv, Hq/Hkv, D]), so each K/V row is read once per KV head. With one
+    # query position per sequence there is no causal mask, only the padding mask.
+    qh = q.reshape(n, num_kv_heads, -1, q.shape[-1])
     kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, L, D]
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scale,
-                                       enable_gqa=qh.shape[1] != kh.shape[1])
-    return o.squeeze(2)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scale)
+    return o.reshape(q.shape)
