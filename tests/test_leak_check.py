@@ -122,3 +122,21 @@ def test_raise_in_step_is_clean_and_only_the_raising_request_errors(tiny_checkpo
     assert outcomes.pop("r-1") == ("error", "error")
     assert set(outcomes.values()) == {("finished", "length")}
     assert not run.findings.leak, run.findings.summary()
+
+
+def test_prefix_cached_blocks_are_free_and_fork_refcount_leak_names_the_forker(tiny_checkpoint):
+    # Distinct prompts, n = 2 samples each (forks share the prompt's blocks), prefix caching on:
+    # cached-evictable blocks remain at the end and must not be reported as a leak.
+    specs = synthetic_workload(8, input_len=(20, 40), output_len=(4, 10), abort_rate=0.25, abort_mode="mix",
+                               seed=5, n=2)
+    clean = _run(tiny_checkpoint, specs)
+    assert not clean.findings.leak, clean.findings.summary()
+    drain = clean.findings.drain
+    assert drain.num_cached_blocks > 0 and drain.sign == "balanced"  # cached blocks counted as free
+    engine_specs = {s.request_id for s in specs}
+    run = _run(tiny_checkpoint, specs, faults=("refcount-not-decremented-on-fork",))
+    f = run.findings
+    assert f.leak and f.drain.sign == "deficit"
+    assert f.leaked_blocks and all(b["site"] == "fork" for b in f.leaked_blocks)
+    assert {b["request_id"] for b in f.leaked_blocks} <= engine_specs
+    assert all("fork" in b["suspected_path"] for b in f.leaked_blocks)

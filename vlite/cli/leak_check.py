@@ -49,6 +49,8 @@ def leak_check(
     inject_fault: list[str] = typer.Option([], "--inject-fault",  # noqa: B008 (Typer's option style)
                                            help="Plant a known defect (testing the detector); repeatable."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
+    n: int = typer.Option(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks)."),
+    enable_prefix_caching: bool = common.PrefixCachingOpt,
     num_blocks: int | None = common.NumBlocksOpt,
     block_size: int = common.BlockSizeOpt,
     kv_cache_memory_bytes: int | None = common.KvBytesOpt,
@@ -81,7 +83,7 @@ def leak_check(
 
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
-                           count_tokens=None)
+                           count_tokens=None, n=n)
     # Five waves: enough troughs for the fit, and few enough drains to keep batches full.
     every = idle_every if idle_every is not None else max(1, len(specs) // 5)
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
@@ -99,7 +101,8 @@ def leak_check(
 
         config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
                                             max_num_batched_tokens, None, dtype, device, seed=seed,
-                                            inject_faults=tuple(inject_fault))
+                                            inject_faults=tuple(inject_fault),
+                                            enable_prefix_caching=enable_prefix_caching)
         engine = common.load_engine(config)
         console.print(f"leak-check: {len(specs)} requests on {engine.model_name} ({engine.device.type}), "
                       f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
@@ -112,14 +115,14 @@ def leak_check(
 
 
 def _load_workload(workload, num_requests, input_len, output_len, request_rate, abort_rate, abort_mode, seed,
-                   count_tokens):
+                   count_tokens, n=1):
     from vlite.diagnostics import workload as wl
 
     try:
         if workload == "synthetic":
             return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
-                                         seed=seed)
+                                         seed=seed, n=n)
         path = Path(workload)
         if not path.is_file():
             common.fail(f"--workload {workload!r}: not 'synthetic' and no such file")

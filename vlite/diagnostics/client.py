@@ -66,7 +66,7 @@ class ReplayResult:
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
     return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p,
-                          seed=spec.seed, ignore_eos=spec.ignore_eos)
+                          seed=spec.seed, ignore_eos=spec.ignore_eos, n=spec.n)
 
 
 class InProcessClient:

@@ -152,6 +152,8 @@ def _suspected_path(row: dict, snap: Snapshot, in_tables: set[int]) -> str:
     if row.get("status") == "finished" and row["request_id"] in live:
         why = "the abort/disconnect path" if row.get("finish_reason") == "abort" else "the finish path"
         return f"{why} raised before the release (request entry kept)"
+    if row.get("site") == "fork" and row.get("status") == "finished":
+        return "a forked sample's reference was never dropped (fork path)"
     if row["block_id"] not in in_tables:
         if row.get("num_preemptions"):
             return "dropped from the block table without a free (at preemption)"

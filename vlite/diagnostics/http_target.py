@@ -71,7 +71,7 @@ async def _one(base: str, spec: RequestSpec, res: RequestResult) -> None:
     """Send one completion request and carry out its client action."""
     a = spec.action
     body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
-            "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "stream": a.streams}
+            "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "stream": a.streams, "n": spec.n}
     if spec.seed is not None:
         body["seed"] = spec.seed
     headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label}

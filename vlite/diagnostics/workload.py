@@ -30,6 +30,7 @@ class RequestSpec:
     arrival_s: offset from the start of the run, seconds.
     prompt: text; prompt_len is its approximate length in tokens.
     max_tokens: most output tokens; ignore_eos makes the output exactly that long.
+    n: samples per request (parallel sampling; the samples share the prompt's KV blocks).
     """
 
     request_id: str
@@ -43,6 +44,7 @@ class RequestSpec:
     seed: int | None = None
     ignore_eos: bool = True
     client_tag: str | None = None
+    n: int = 1  # samples per request: n > 1 forks sequences that share the prompt's blocks
 
     @property
     def stream(self) -> bool:
@@ -75,8 +77,9 @@ def _check_range(name: str, lo: int, hi: int) -> None:
 def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                        output_len: tuple[int, int] = (8, 48), request_rate: float = float("inf"),
                        abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
-                       prefix: str = "lc") -> list[RequestSpec]:
-    """``num_requests`` requests with uniform input/output lengths (tokens) and seeded actions.
+                       prefix: str = "lc", n: int = 1) -> list[RequestSpec]:
+    """``num_requests`` requests with uniform input/output lengths (tokens) and seeded actions;
+    ``n`` samples each (n > 1 with temperature 1 and a per-request seed, so samples differ).
 
     Raises:
         WorkloadError: a bad count, length range or rate.
@@ -92,7 +95,9 @@ def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     for i, t in enumerate(arrivals):
         n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
         action = plan_action(rng, abort_rate, abort_mode, n_out)
-        specs.append(RequestSpec(f"{prefix}-{i:05d}", t, synthetic_prompt(rng, n_in), n_in, n_out, action))
+        sampling = {"n": n, "temperature": 1.0, "seed": i} if n > 1 else {}
+        specs.append(RequestSpec(f"{prefix}-{i:05d}", t, synthetic_prompt(rng, n_in), n_in, n_out, action,
+                                 **sampling))
     return specs
 
 
@@ -150,7 +155,7 @@ def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float,
     return RequestSpec(str(row.get("request_id", f"{prefix}-{index:05d}")), arrival, prompt, prompt_len, max_tokens,
                        action, temperature=float(row.get("temperature", 0.0)), top_p=float(row.get("top_p", 1.0)),
                        seed=row.get("seed"), ignore_eos=bool(row.get("ignore_eos", True)),
-                       client_tag=row.get("client_tag"))
+                       client_tag=row.get("client_tag"), n=int(row.get("n", 1)))
 
 
 def sharegpt_workload(path: Path, num_requests: int, *, count_tokens: Callable[[str], int] | None = None,
