@@ -83,7 +83,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        h = nn.functional.silu(gate).mul_(up)  # in place: one [T, intermediate] temporary, not two
+        return self.down_proj(h)
 
 
 class DecoderLayer(nn.Module):
