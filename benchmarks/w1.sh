@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Reproduce every number in docs/benchmarks.md (CPU, SmolLM2-135M). Run from the repository root
+# on a quiet machine (check `uptime` first); takes about 20 minutes on 2 idle cores.
+#   bash benchmarks/w1.sh [results-dir]
+set -euo pipefail
+OUT=${1:-benchmarks/results}
+mkdir -p "$OUT"
+V=.venv/bin/vlite
+PY=.venv/bin/python
+W1="--num-prompts 64 --input-len-range 32:256 --output-len-range 16:256 --seed 0"
+
+uptime | tee "$OUT/uptime-start.txt"
+# 1. vlite float32 vs transformers (static batch, continuous batching), one process
+$V bench throughput $W1 --backend hf --no-progress --output-json "$OUT/w1_fp32_hf.json" | tee "$OUT/w1_fp32_hf.txt"
+# 2. vlite bfloat16
+$V bench throughput $W1 --dtype bfloat16 --no-progress --output-json "$OUT/w1_bf16.json" | tee "$OUT/w1_bf16.txt"
+# 3. the float32 bound (FLOPs / measured matmul rate); bf16 rate for reference
+$PY benchmarks/fp32_bound.py --json "$OUT/fp32_bound.json" | tee "$OUT/fp32_bound.txt"
+$PY benchmarks/fp32_bound.py --dtype bfloat16 --json "$OUT/bf16_bound.json" | tee "$OUT/bf16_bound.txt"
+# 4. bf16 vs fp32 greedy agreement
+$PY benchmarks/bf16_agreement.py --json "$OUT/bf16_agreement.json" | tee "$OUT/bf16_agreement.txt"
+# 5. the allocation ledger's cost
+$PY benchmarks/ledger_overhead.py --repeats 3 --json "$OUT/ledger_overhead.json" | tee "$OUT/ledger_overhead.txt"
+# 6. where the time goes
+.venv/bin/py-spy record --rate 100 --format raw --output "$OUT/w1.spy" -- $PY benchmarks/profile_w1.py run
+$PY benchmarks/profile_w1.py classify "$OUT/w1.spy" | tee "$OUT/profile_w1.md"
+uptime | tee "$OUT/uptime-end.txt"
