@@ -17,7 +17,7 @@ def _invoke(*args):
 
 def test_clean_run_exits_0_and_writes_the_report(tiny_model_dir, tmp_path):
     out = tmp_path / "rep"
-    res = _invoke("--model", tiny_model_dir, "-n", 10, "--abort-rate", 0.4, "--input-len", "8:24", "--output-len",
+    res = _invoke("--model", tiny_model_dir, "--num-requests", 10, "--abort-rate", 0.4, "--input-len", "8:24", "--output-len",
                   "4:10", "--num-blocks", 64, "--report", out, "--sample-interval-ms", 50)
     assert res.exit_code == 0, res.output
     assert "CLEAN" in res.output and "no GPU" in res.output
@@ -35,7 +35,7 @@ def test_clean_run_exits_0_and_writes_the_report(tiny_model_dir, tmp_path):
 
 
 def test_planted_leak_exits_1_and_names_the_action(tiny_model_dir, tmp_path):
-    res = _invoke("--model", tiny_model_dir, "-n", 6, "--abort-rate", 1.0, "--abort-mode", "disconnect-stream",
+    res = _invoke("--model", tiny_model_dir, "--num-requests", 6, "--abort-rate", 1.0, "--abort-mode", "disconnect-stream",
                   "--input-len", "8:24", "--output-len", "8:10", "--num-blocks", 64,
                   "--inject-fault", "skip-free-on-abort", "--report", tmp_path / "r")
     assert res.exit_code == 1, res.output

@@ -9,7 +9,14 @@ from rich.console import Console
 
 from vlite.engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, SchedulerConfig
 
-err_console = Console(stderr=True)
+def make_console(stderr: bool = False) -> Console:
+    """A Rich console; when the output is not a terminal (CI logs, pipes) it is 160 columns
+    wide instead of Rich's 80, so tables and verdict lines are not folded mid-word."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+
+
+err_console = make_console(stderr=True)
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m",
                         help="Local HF directory, .gguf file, or the default model's name.")

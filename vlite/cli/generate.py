@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from vlite.cli import common
@@ -85,10 +84,10 @@ def generate(
         for c in out.outputs:
             table.add_row(out.prompt if c.index == 0 else f"  [{c.index}]", c.text, str(len(c.token_ids)),
                           c.finish_reason)
-    Console().print(table)
+    common.make_console().print(table)
     s = engine.stats()
-    Console(stderr=True).print(
-        f"{len(outputs)} requests, {s.prompt_tokens_total} prompt + {s.generation_tokens_total} generated tokens in "
+    common.make_console(stderr=True).print(
+        f"{len(outputs)} request{'s' if len(outputs) != 1 else ''}, {s.prompt_tokens_total} prompt + {s.generation_tokens_total} generated tokens in "
         f"{s.step} steps; preemptions: {s.num_preemptions_total}; free blocks {s.num_free_blocks}/{s.num_total_blocks}"
         f" (+{s.num_cached_blocks} cached); prefix cache hits {s.blocks.prefix_cache_hits}/"
         f"{s.blocks.prefix_cache_queries} tokens")

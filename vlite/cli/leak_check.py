@@ -30,7 +30,7 @@ def leak_check(
     model: str = common.ModelOpt,
     workload: str = typer.Option("synthetic", "--workload", "-w",
                                  help="'synthetic', a JSONL trace (.jsonl), or a ShareGPT file (.json)."),
-    num_requests: int = typer.Option(200, "--num-requests", "-n", min=1, help="Requests (synthetic/ShareGPT)."),
+    num_requests: int = typer.Option(200, "--num-requests", min=1, help="Requests (synthetic/ShareGPT)."),
     input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
     output_len: str = typer.Option("8:32", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
     request_rate: float = typer.Option(float("inf"), "--request-rate",
@@ -63,7 +63,7 @@ def leak_check(
     from vlite.diagnostics.actions import ABORT_MODES
     from vlite.engine.faults import FAULTS
 
-    console = Console()
+    console = common.make_console()
     if abort_mode not in ABORT_MODES:
         common.fail(f"unknown --abort-mode {abort_mode!r}; choose one of: {', '.join(ABORT_MODES)}")
     for f in inject_fault:
@@ -175,6 +175,8 @@ def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_byte
         failed += not res.passed
         bad = "; ".join(f"{what}: {detail}" for what, ok, detail in res.checks if not ok)
         table.add_row(sc.name, "[green]pass[/]" if res.passed else "[red]FAIL[/]", res.run.findings.summary(), bad)
+        console.print(f"{sc.name}: {'pass' if res.passed else 'FAIL'} - {res.run.findings.summary()}",
+                      highlight=False)
         if not res.passed:
             console.rule(f"{sc.name}: {sc.description}")
             _finish(res.run, console, report / sc.name if report else None)

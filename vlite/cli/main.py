@@ -13,6 +13,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: Rich's panels cut long option names (--max-num-batched-tokens) at 80 columns.
+    rich_markup_mode=None,
 )
 
 

@@ -22,7 +22,8 @@ def _trend_line(t) -> str:
         return f"{t.metric}: {t.n} idle points (need 3 for a trend)"
     return (f"{t.metric} troughs: slope {t.slope:.4g} {unit}/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g}), "
             f"R^2 {t.r2:.2f}, {t.n} idle points, baseline {t.baseline:.6g} -> last {t.last:.6g}"
-            + ("  [RISING]" if t.rising else ""))
+            + (("  [RISING]" if unit == "blocks" else "  [rising; informational: allocator warm-up and caches "
+                "also grow RSS, the verdict rests on blocks]") if t.rising else ""))
 
 
 def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
@@ -91,7 +92,8 @@ def _md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
 def report_markdown(run, plots: list[str]) -> str:
     f, info = run.findings, run.info
     d = f.drain
-    out = [f"# vlite leak-check report\n\n**{'LEAK' if f.leak else 'CLEAN'}** - {f.summary()}\n",
+    verdict = "LEAK" if f.leak else "CLEAN"
+    out = [f"# vlite leak-check report\n\n**{verdict}**{f.summary().removeprefix(verdict)}\n",
            "## Run\n", _md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
            "## Drain invariant (at quiescence)\n",
            (f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "

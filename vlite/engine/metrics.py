@@ -46,9 +46,14 @@ class EngineStats:
 
 
 def format_log_stats(stats: EngineStats, prompt_throughput: float, generation_throughput: float) -> str:
-    """One line in the shape of vLLM's periodic stats log (throughputs in tokens/s)."""
+    """One line in the shape of vLLM's periodic stats log (throughputs in tokens/s; the prefix
+    cache hit rate is cumulative, in tokens)."""
+    b = stats.blocks
+    hit_rate = b.prefix_cache_hits / b.prefix_cache_queries if b.prefix_cache_queries else 0.0
     return (f"Avg prompt throughput: {prompt_throughput:.1f} tokens/s, "
             f"Avg generation throughput: {generation_throughput:.1f} tokens/s, "
             f"Running: {stats.num_running} reqs, Waiting: {stats.num_waiting} reqs, "
-            f"GPU KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
-            f"Free blocks: {stats.num_free_blocks}/{stats.num_total_blocks}")
+            f"KV cache usage: {100 * stats.kv_cache_usage:.1f}%, "
+            f"Prefix cache hit rate: {100 * hit_rate:.1f}%, "
+            f"Free blocks: {stats.num_free_blocks}/{stats.num_total_blocks} "
+            f"(+{stats.num_cached_blocks} cached)")

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -27,6 +27,8 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+disable_created_metrics()  # no *_created series, as vLLM
 
 
 class _EngineStatsCollector(Collector):
@@ -44,8 +46,9 @@ class _EngineStatsCollector(Collector):
             ("vlite:num_requests_running", "Number of requests in model execution batches.", s.num_running),
             ("vlite:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting),
             ("vlite:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage),
-            ("vlite:num_free_blocks", "KV-cache blocks on the free list.", s.num_free_blocks),
-            ("vlite:num_cached_blocks", "Free KV-cache blocks that still hold a cached prefix.",
+            ("vlite:num_free_blocks", "Empty free KV-cache blocks (free + cached + used = total).",
+             s.num_free_blocks),
+            ("vlite:num_cached_blocks", "Free KV-cache blocks that still hold a cached prefix (evictable).",
              s.num_cached_blocks),
             ("vlite:num_total_blocks", "KV-cache blocks in total.", s.num_total_blocks),
         ]
@@ -57,6 +60,10 @@ class _EngineStatsCollector(Collector):
             ("vlite:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions_total),
             ("vlite:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
             ("vlite:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+            ("vlite:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             s.blocks.prefix_cache_queries),
+            ("vlite:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             s.blocks.prefix_cache_hits),
         ]
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=["model_name"])
