@@ -504,3 +504,16 @@ def test_n3_stream_disconnect_frees_every_block(server, http):
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
     snap = _debug_blocks(server)
     assert snap["sequences"] == [] and snap["ledger"] == [] and snap["anomalies"] == []
+
+
+def test_prefix_cache_metrics_count_a_repeated_prompt(server, client):
+    prompt = "A prompt long enough to fill several KV blocks of sixteen tokens each, repeated twice " * 3
+    before = read_metrics(server)
+    for _ in range(2):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    after = wait_drained(server)
+    queried = after["vlite:prefix_cache_queries_total"] - before["vlite:prefix_cache_queries_total"]
+    hits = after["vlite:prefix_cache_hits_total"] - before["vlite:prefix_cache_hits_total"]
+    assert queried > 0 and 16 <= hits < queried  # the second request hit the first's full blocks
+    assert after["vlite:num_cached_blocks"] > 0 and after["vlite:kv_cache_usage_perc"] == 0
+    assert "_created" not in httpx.get(server.base_url + "/metrics", headers=server.headers).text
