@@ -17,8 +17,14 @@ def build_tiny_model_dir(out: Path, arch: str = "llama", seed: int = 0, **overri
     The weights use a large init scale so that greedy logits have clear winners (near-ties
     would make float32 token-for-token comparisons flaky for reasons unrelated to vlite).
     """
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tokenizer = smollm2_tokenizer()
     common = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

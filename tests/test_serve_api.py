@@ -186,7 +186,7 @@ def test_logprobs(client):
                                     extra_body={"ignore_eos": True})
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
-    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert len(top) == 3 and value <= 0 and value == pytest.approx(max(top.values()))  # greedy = top-1
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                           temperature=0, logprobs=True, top_logprobs=2,

@@ -144,7 +144,7 @@ def test_planted_fault_in_abort_is_logged_and_loop_lives(tiny_checkpoint, caplog
         aengine.start()
         try:
             group = await aengine.add_requests([_request("leak")])
-            async for _, out in group:
+            async for _ in group:
                 group.abort()
                 break
             leaked = await aengine.run_on_engine(lambda e: [r.request_id for r in e.ledger()])

@@ -30,10 +30,10 @@ if not INTERPRET and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     INTERPRET = True
 
-from vlite.kernels import attention, torch_ref
-from vlite.kernels import triton_paged_attention as tpa
-from vlite.kernels import triton_store_kvcache as tsk
-from vlite.kernels.attention import AttentionMetadata
+from vlite.kernels import attention, torch_ref  # noqa: E402 (the interpreter flag must be set first)
+from vlite.kernels import triton_paged_attention as tpa  # noqa: E402 (the interpreter flag must be set first)
+from vlite.kernels import triton_store_kvcache as tsk  # noqa: E402 (the interpreter flag must be set first)
+from vlite.kernels.attention import AttentionMetadata  # noqa: E402 (the interpreter flag must be set first)
 
 ON_GPU = not INTERPRET
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -98,9 +98,8 @@ class Scenario:
 
     def reference(self) -> torch.Tensor:
         """torch_ref in float32 on the same (possibly bfloat16) inputs."""
-        f = lambda x: x.float()
-        return torch_ref.paged_attention(f(self.query), f(self.key), f(self.value), f(self.k_cache),
-                                         f(self.v_cache), self.meta, self.scale)
+        return torch_ref.paged_attention(self.query.float(), self.key.float(), self.value.float(),
+                                         self.k_cache.float(), self.v_cache.float(), self.meta, self.scale)
 
     def to(self, device):
         for name in ("k_cache", "v_cache", "query", "key", "value"):

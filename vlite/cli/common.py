@@ -9,6 +9,7 @@ from rich.console import Console
 
 from vlite.engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, SchedulerConfig
 
+
 def make_console(stderr: bool = False) -> Console:
     """A Rich console; when the output is not a terminal (CI logs, pipes) it is 160 columns
     wide instead of Rich's 80, so tables and verdict lines are not folded mid-word."""

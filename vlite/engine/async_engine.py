@@ -97,8 +97,7 @@ class RequestGroup:
     def abort(self) -> None:
         """Abort every request of the group that has not finished (thread-safe, non-blocking)."""
         live = [rid for rid, done in zip(self.request_ids, self.finished) if not done]
-        for i, done in enumerate(self.finished):
-            self.finished[i] = True
+        self.finished[:] = [True] * len(self.finished)
         if live:
             self._engine.abort(live)
 
