@@ -30,7 +30,7 @@ GpuUtilOpt = typer.Option(0.9, "--gpu-memory-utilization", help="Fraction of GPU
 MaxSeqsOpt = typer.Option(128, "--max-num-seqs", min=1, help="Most sequences running at once.")
 MaxBatchedOpt = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Token budget of one step.")
 MaxModelLenOpt = typer.Option(None, "--max-model-len", min=2, help="Longest prompt + output, tokens.")
-DtypeOpt = typer.Option("float32", "--dtype", help="float32 (default) or bfloat16.")
+DtypeOpt = typer.Option("float32", "--dtype", help="float32 (default), bfloat16, or float16 (CUDA).")
 DeviceOpt = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available).")
 PrefixCachingOpt = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
                                 help="Reuse cached full KV blocks across requests (on by default, as in vLLM).")

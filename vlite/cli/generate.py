@@ -62,6 +62,7 @@ def generate(
                                         max_num_batched_tokens, max_model_len, dtype, device,
                                         enable_prefix_caching=enable_prefix_caching)
     engine = common.load_engine(config)
+    shown = list(texts)  # the table shows what the user typed, not the templated prompt
     if chat:
         texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                                       add_generation_prompt=True) for t in texts]
@@ -80,9 +81,9 @@ def generate(
     table.add_column("output", overflow="fold")
     table.add_column("tokens", justify="right")
     table.add_column("finish", justify="center")
-    for out in outputs:
+    for prompt, out in zip(shown, outputs):
         for c in out.outputs:
-            table.add_row(out.prompt if c.index == 0 else f"  [{c.index}]", c.text, str(len(c.token_ids)),
+            table.add_row(prompt if c.index == 0 else f"  [{c.index}]", c.text, str(len(c.token_ids)),
                           c.finish_reason)
     common.make_console().print(table)
     s = engine.stats()
