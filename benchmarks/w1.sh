@@ -20,8 +20,12 @@ $PY benchmarks/fp32_bound.py --dtype bfloat16 --json "$OUT/bf16_bound.json" | te
 # 4. bf16 vs fp32 greedy agreement
 $PY benchmarks/bf16_agreement.py --json "$OUT/bf16_agreement.json" | tee "$OUT/bf16_agreement.txt"
 # 5. the allocation ledger's cost
-$PY benchmarks/ledger_overhead.py --repeats 3 --json "$OUT/ledger_overhead.json" | tee "$OUT/ledger_overhead.txt"
+$PY benchmarks/ledger_overhead.py --num-prompts 32 --output-len-range 16:128 --repeats 3 \
+    --json "$OUT/ledger_overhead.json" | tee "$OUT/ledger_overhead.txt"
 # 6. where the time goes
 .venv/bin/py-spy record --rate 100 --format raw --output "$OUT/w1.spy" -- $PY benchmarks/profile_w1.py run
-$PY benchmarks/profile_w1.py classify "$OUT/w1.spy" | tee "$OUT/profile_w1.md"
+$PY benchmarks/profile_w1.py classify "$OUT/w1.spy" | tee "$OUT/profile.md"
+# 7. serving (starts and stops `vlite serve` itself)
+$V bench serve --num-prompts 32 --input-len-range 32:256 --output-len-range 16:128 --request-rate 2 --seed 0 \
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --no-progress | tee "$OUT/serve.txt"
 uptime | tee "$OUT/uptime-end.txt"

@@ -12,8 +12,15 @@ from conftest import smollm2_tokenizer
 from typer.testing import CliRunner
 
 from vlite.bench import datasets
-from vlite.bench.metrics import (RequestFuncOutput, calculate_metrics, format_serving_result, itls_from_arrivals,
-                                 percentile_word, summarize, tpot_of)
+from vlite.bench.metrics import (
+    RequestFuncOutput,
+    calculate_metrics,
+    format_serving_result,
+    itls_from_arrivals,
+    percentile_word,
+    summarize,
+    tpot_of,
+)
 
 # ---- metric arithmetic -----------------------------------------------------------------------
 

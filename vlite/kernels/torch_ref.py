@@ -100,8 +100,10 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     out = torch.empty_like(q)
     for rows in groups:
         idx = torch.tensor(rows, device=q.device)
-        out[idx] = _decode_group(q[idx], k_cache, v_cache, meta.block_tables[idx], meta.seq_lens[idx],
-                                 lens[rows[0]], scale)
+        # index_select / index_copy_: plain row copies (advanced-index assignment is much slower on CPU)
+        o = _decode_group(q.index_select(0, idx), k_cache, v_cache, meta.block_tables.index_select(0, idx),
+                          meta.seq_lens.index_select(0, idx), lens[rows[0]], scale)
+        out.index_copy_(0, idx, o)
     return out
 
 
