@@ -86,6 +86,17 @@ class ServerProcess:
 _SAMPLE = re.compile(r'^(vlite:\w+)\{([^}]*)\} (\S+)$', re.MULTILINE)
 
 
+def running(srv: ServerProcess):
+    """Fixture body: wait until ``srv`` is ready, yield it, always stop it (printing its log tail,
+    which pytest shows when a test failed)."""
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+        print(srv.log()[-4000:])
+
+
 def read_metrics(server: ServerProcess) -> dict[str, float]:
     """/metrics as {name or name{finished_reason}: value} (the model_name label dropped)."""
     text = httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=10).text

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 from conftest import build_tiny_model_dir, make_engine
-from serve_harness import ServerProcess, read_metrics, wait_drained, wait_until
+from serve_harness import ServerProcess, read_metrics, running, wait_drained, wait_until
 
 from vlite.engine.loader import load_checkpoint
 from vlite.engine.sampling_params import SamplingParams
@@ -39,12 +39,7 @@ def server(model_dir, tmp_path_factory):
     srv = ServerProcess(model_dir, log, "--served-model-name", MODEL, "--num-blocks", str(NUM_BLOCKS),
                         "--max-num-batched-tokens", "256", "--max-request-body-bytes", str(MAX_BODY),
                         "--enable-debug-endpoints", api_key=API_KEY)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
-        print(srv.log()[-4000:])
+    yield from running(srv)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 from conftest import build_tiny_model_dir
-from serve_harness import ServerProcess, read_metrics, wait_until
+from serve_harness import ServerProcess, read_metrics, running, wait_until
 
 NUM_BLOCKS = 64
 
@@ -24,12 +24,7 @@ def server(tmp_path_factory):
                         "--num-blocks", str(NUM_BLOCKS), "--enable-debug-endpoints",
                         "--inject-fault", "skip-free-on-abort", "--inject-fault", "raise-in-step",
                         "--log-stats", "--log-stats-interval", "0.5")
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
-        print(srv.log()[-4000:])
+    yield from running(srv)
 
 
 def test_leaked_abort_is_survived_and_attributed(server):

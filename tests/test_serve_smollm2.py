@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from serve_harness import ServerProcess, read_metrics, wait_drained
+from serve_harness import ServerProcess, read_metrics, running, wait_drained
 
 pytestmark = pytest.mark.slow
 
@@ -17,12 +17,7 @@ pytestmark = pytest.mark.slow
 def server(tmp_path_factory):
     srv = ServerProcess("SmolLM2-135M-Instruct", tmp_path_factory.mktemp("smol-log") / "server.log",
                         "--num-blocks", "128")
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
-        print(srv.log()[-4000:])
+    yield from running(srv)
 
 
 def test_smollm2_chat_stream_and_disconnect(server):
