@@ -78,3 +78,13 @@ def test_default_model_resolves_to_a_valid_cache_entry():
     assert resolved.name == "SmolLM2-135M-Instruct"
     assert loader.cache_entry_is_valid(resolved.path)
     assert (resolved.path / "tokenizer.json").is_file()
+
+
+def test_cache_key_follows_content_not_path(fake_gguf, tmp_path):
+    gguf, calls = fake_gguf
+    copy = tmp_path / "elsewhere" / gguf.name
+    copy.parent.mkdir()
+    copy.write_bytes(gguf.read_bytes())
+    assert loader.convert_gguf_cached(gguf) == loader.convert_gguf_cached(copy) and len(calls) == 1
+    copy.write_bytes(b"GGUF other")
+    assert loader.gguf_cache_entry(copy) != loader.gguf_cache_entry(gguf)

