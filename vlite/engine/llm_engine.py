@@ -29,7 +29,7 @@ from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlite.engine.sampler import sample
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler
+from vlite.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
 
 logger = logging.getLogger("vlite.engine")
@@ -193,13 +193,11 @@ class LLMEngine:
         afterwards, live in the remaining 1 - utilization."""
         torch.cuda.reset_peak_memory_stats(self.device)
         tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
-        runner = ModelRunner(self.model, self.block_manager_blocks_for(tokens), self.block_size, self.device,
-                             self.dtype)
-        from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
-
+        num_blocks = -(-tokens // self.block_size)
+        runner = ModelRunner(self.model, num_blocks, self.block_size, self.device, self.dtype)
         seq = Sequence("profile", None, [0] * tokens, SamplingParams(max_tokens=1, temperature=0),
                        RequestOrigin("profile", route="profile"))
-        table = list(range(self.block_manager_blocks_for(tokens)))
+        table = list(range(num_blocks))
         runner.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)]), {seq.seq_id: table})
         peak = torch.cuda.max_memory_allocated(self.device)
         del runner
@@ -207,9 +205,6 @@ class LLMEngine:
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
         return int(total * utilization - peak - non_torch)
-
-    def block_manager_blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,
