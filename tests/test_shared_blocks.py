@@ -151,3 +151,17 @@ def test_beam_search_matches_transformers(tiny_checkpoint):
         assert finals[prompt].outputs[0].token_ids == ref, prompt
         assert "fork" in sites
         assert_all_free(engine)
+
+
+def test_beam_groups_under_memory_pressure_finish_with_the_same_beams(tiny_checkpoint):
+    # Three 4-beam searches in a cache that holds one group at a time: beams of a group wait
+    # for preempted siblings; the scheduler must not deadlock, and preemption must not change
+    # the result.
+    params = SamplingParams(beam_width=4, max_tokens=8, temperature=0)
+    prompts = [list(range(10 + i, 14 + i)) for i in range(3)]
+    roomy = make_engine(tiny_checkpoint, num_blocks=128, block_size=4).generate(prompts, params)
+    tight = make_engine(tiny_checkpoint, num_blocks=16, block_size=4, max_num_batched_tokens=32)
+    outs = tight.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in roomy]
+    assert tight.stats().num_preemptions_total > 0
+    assert_all_free(tight)

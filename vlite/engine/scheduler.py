@@ -136,6 +136,16 @@ class Scheduler:
             prefills.append(ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens))
             budget -= num_new
 
+        if not decodes and not prefills and self.running and self.waiting:
+            # Every running sequence is a beam waiting for a sibling that cannot get blocks:
+            # preempt them all, so the front of the waiting queue can run (no deadlock).
+            for seq in reversed(self.running):
+                self._preempt(seq)
+                out.preempted.append(seq)
+            self.running.clear()
+            # Siblings next to each other, so a whole group is admitted together.
+            order = {rid: i for i, rid in enumerate(dict.fromkeys(s.request_id for s in self.waiting))}
+            self.waiting = deque(sorted(self.waiting, key=lambda s: order[s.request_id]))
         out.scheduled = decodes + prefills
         return out
 
