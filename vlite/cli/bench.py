@@ -23,6 +23,8 @@ DatasetOpt = typer.Option("random", "--dataset-name", help="random | sharegpt | 
 DatasetPathOpt = typer.Option(None, "--dataset-path", help="ShareGPT JSON file (--dataset-name sharegpt).")
 NumPromptsOpt = typer.Option(64, "--num-prompts", min=1, help="Requests to run.")
 InputLenOpt = typer.Option(128, "--input-len", "--random-input-len", min=1, help="Prompt tokens (random dataset).")
+OutputLenOpt = typer.Option(None, "--output-len", "--random-output-len", min=1,
+                            help="Output tokens per request (default 128; sharegpt: its answers).")
 RangeRatioOpt = typer.Option(0.0, "--random-range-ratio", min=0.0, max=0.999,
                              help="Lengths uniform in [len*(1-r), len*(1+r)] (random dataset).")
 InputRangeOpt = typer.Option(None, "--input-len-range", metavar="MIN:MAX",
@@ -100,8 +102,7 @@ def throughput(
     dataset_path: Path | None = DatasetPathOpt,
     num_prompts: int = NumPromptsOpt,
     input_len: int = InputLenOpt,
-    output_len: int | None = typer.Option(None, "--output-len", "--random-output-len", min=1,
-                                          help="Output tokens per request (default 128; sharegpt: its answers)."),
+    output_len: int | None = OutputLenOpt,
     random_range_ratio: float = RangeRatioOpt,
     input_len_range: str | None = InputRangeOpt,
     output_len_range: str | None = OutputRangeOpt,
@@ -241,8 +242,7 @@ def serve(
     dataset_path: Path | None = DatasetPathOpt,
     num_prompts: int = typer.Option(100, "--num-prompts", min=1, help="Requests to send."),
     input_len: int = InputLenOpt,
-    output_len: int | None = typer.Option(None, "--output-len", "--random-output-len", min=1,
-                                          help="Output tokens per request (default 128; sharegpt: its answers)."),
+    output_len: int | None = OutputLenOpt,
     random_range_ratio: float = RangeRatioOpt,
     input_len_range: str | None = InputRangeOpt,
     output_len_range: str | None = OutputRangeOpt,
