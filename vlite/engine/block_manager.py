@@ -348,6 +348,8 @@ class BlockManager:
             return
         done = self._num_hashed.get(seq.seq_id, 0)
         full = min(seq.num_computed_tokens // self.block_size, len(table))
+        if full <= done:  # most steps: no block became full
+            return
         tokens = seq.all_token_ids
         for i in range(done, full):
             block = self.blocks[table[i]]
