@@ -128,9 +128,12 @@ def test_finished_requests_are_remembered_for_attribution(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint)
     origin = RequestOrigin("x1", route="/v1/completions", client_tag="t", client_action="complete")
     engine.add_request("hi", SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), origin=origin)
+    (seq_id,) = [s["seq_id"] for s in engine.sequences_view()]
     (out,) = [o for o in iter_until_done(engine) if o.finished]
-    rec = next(r for r in (engine.request_record(i) for i in range(100000)) if r and r.origin is origin)
-    assert rec.finish_reason == "length" and rec.num_output_tokens == 2 and out.origin is origin
+    assert engine.sequences_view() == []
+    rec = engine.request_record(seq_id)
+    assert rec.origin is origin and out.origin is origin
+    assert rec.status == "finished" and rec.finish_reason == "length" and rec.num_output_tokens == 2
 
 
 def iter_until_done(engine):
