@@ -51,6 +51,24 @@ MIN_DOT = 16  # tl.dot needs every dimension >= 16 on NVIDIA GPUs
 
 
 @triton.jit
+def _load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, d_mask,
+                  BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """K and V rows [N, BLOCK_D] of the tokens at ``pos`` of one sequence, for one KV head,
+    gathered through its block table row ``table``; invalid positions read as 0."""
+    # Per-token gather through the block table (int64: slot * row size can pass 2**31).
+    block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0)
+    row = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
+    kv_mask = valid[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
 def _paged_decode_kernel(
         out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
@@ -94,15 +112,8 @@ def _paged_decode_kernel(
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < end
-        # Per-token gather through the block table (int64: slot * row size can pass 2**31).
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0)
-        row = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, d_mask,
+                             BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
         s = tl.where(valid[None, :], s, float("-inf"))
         # Every tile holds at least one valid token, so m_new is finite from the first tile on.
@@ -207,14 +218,8 @@ def _paged_prefill_kernel(
     for n0 in range(0, hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         valid = pos < hi
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0)
-        row = ((block * BLOCK_SIZE + pos % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * HEAD_DIM
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, d_mask,
+                             BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         # The first tile holds key 0, which every row sees: m is finite from then on, and a
