@@ -36,12 +36,18 @@ def test_prefix_caching_gives_identical_outputs_and_hits(tiny_checkpoint):
 
 def test_cached_blocks_are_evicted_when_needed(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint, num_blocks=12, block_size=4)
-    for i in range(6):  # distinct prompts fill the cache with evictable blocks
-        engine.generate([f"distinct prompt number {i} about caches"], GREEDY)
+    words = ["apple", "river", "stone", "cloud", "tiger", "piano"]
+    prompts = [f"{w} starts this distinct prompt about caches" for w in words]  # no shared first block
+    for prompt in prompts:  # distinct prompts: far more full blocks than the cache holds
+        engine.generate([prompt], GREEDY)
         s = engine.stats()
         assert s.num_free_blocks + s.num_cached_blocks == s.num_total_blocks
     assert engine.stats().num_cached_blocks > 0
-    assert len(engine.block_manager.cached_blocks) <= engine.stats().num_total_blocks
+    hits = engine.stats().blocks.prefix_cache_hits
+    engine.generate([prompts[0]], GREEDY)  # least recently freed: its blocks were evicted
+    assert engine.stats().blocks.prefix_cache_hits == hits
+    engine.generate([prompts[0]], GREEDY)  # now cached again
+    assert engine.stats().blocks.prefix_cache_hits > hits
 
 
 def run_with_ledger_sites(engine):
