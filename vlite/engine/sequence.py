@@ -94,7 +94,6 @@ class Sequence:
         self.output_text = ""
         self.prefix_offset = 0
         self.read_offset = 0
-        self.tokens_text: list[str] = []
 
     def fork(self, index: int) -> Sequence:
         """A child with the same tokens and progress (parallel sampling, beam search).
