@@ -83,6 +83,9 @@ class EngineConfig:
     enable_ledger: bool = True
     # CUDA: run decode steps eagerly instead of replaying captured CUDA graphs (vLLM's --enforce-eager).
     enforce_eager: bool = False
+    # CPU: the linear layers' GEMM, "onednn" (prepacked weights), "torch" (F.linear, MKL) or
+    # "auto" (oneDNN when torch has it); None = the VLITE_CPU_GEMM environment variable, else auto.
+    cpu_gemm: str | None = None
     # Finished requests remembered for leak attribution (bounded, oldest dropped first).
     finished_history: int = 10_000
 
@@ -91,3 +94,5 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in (None, "cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.cpu_gemm not in (None, "auto", "onednn", "torch"):
+            raise ValueError(f"cpu_gemm must be 'auto', 'onednn' or 'torch', got {self.cpu_gemm!r}")

@@ -25,6 +25,7 @@ from vlite.engine.faults import FaultSet
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
 from vlite.engine.metrics import EngineStats
 from vlite.engine.model_runner import ModelRunner, SequenceError, kv_cache_bytes_per_block
+from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlite.engine.sampler import sample
@@ -131,6 +132,9 @@ class LLMEngine:
         self.model.init_rope_tables()  # keep the rotary tables in float32 on the right device
         self.model.cos_table = self.model.cos_table.to(self.device)
         self.model.sin_table = self.model.sin_table.to(self.device)
+        self.cpu_gemm = resolve_cpu_gemm_backend(config.cpu_gemm) if self.device.type == "cpu" else None
+        if self.cpu_gemm == "onednn":
+            self.model.prepack_cpu_gemm()
         self.eos_token_ids = self._eos_token_ids()
 
         cache = config.cache

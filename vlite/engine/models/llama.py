@@ -14,6 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from vlite.engine.models.linear import Linear
 from vlite.kernels.attention import AttentionMetadata, paged_attention, store_kvcache
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -53,9 +54,9 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         self.scale = head_dim ** -0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         o_bias = bool(getattr(config, "attention_bias", False)) and qkv_bias
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -76,8 +77,8 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; only 'silu' is")
 
@@ -119,7 +120,7 @@ class LlamaForCausalLM(nn.Module):
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -140,6 +141,14 @@ class LlamaForCausalLM(nn.Module):
         sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see apply_rotary
         self.register_buffer("cos_table", cos[0].float(), persistent=False)
         self.register_buffer("sin_table", sin_signed.float(), persistent=False)
+
+    def prepack_cpu_gemm(self) -> None:
+        """Prepack every linear layer's weight for oneDNN (see ``linear.py``); CPU only, after
+        the weights are loaded. The tied lm_head keeps the embedding's plain weight."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                tied = module is self.lm_head and self.lm_head.weight is self.embed_tokens.weight
+                module.prepack_onednn(keep_weight=tied)
 
     @property
     def num_layers(self) -> int:

@@ -1,0 +1,80 @@
+"""The model's linear layers, with an optional oneDNN GEMM on CPU.
+
+Why not plain ``F.linear`` on CPU: in float32 it calls MKL's sgemm, and MKL takes a code path
+without AVX-512 on AMD CPUs. On this project's Zen 5 machine that is 130 GFLOP/s for a 64-row
+decode step, while oneDNN (also shipped inside torch) multiplies the same float32 matrices at
+about 480 GFLOP/s, with float32 rounding (errors of the same size as MKL's, see
+``docs/benchmarks.md``). vLLM's CPU backend makes the same choice: its unquantized linear layers
+call a oneDNN matmul on a weight that was reordered ("prepacked") once at load
+(``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``).
+
+The oneDNN ops used are torch's own (``torch.ops.mkldnn._reorder_linear_weight`` and
+``_linear_pointwise``, which torch.compile's CPU backend emits for the same purpose).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CPU_GEMM_BACKENDS = ("auto", "onednn", "torch")
+
+
+def onednn_gemm_available() -> bool:
+    """Whether this torch build can run prepacked oneDNN linear layers on CPU."""
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
+
+
+def resolve_cpu_gemm_backend(backend: str | None) -> str:
+    """Turn "auto"/None (or the ``VLITE_CPU_GEMM`` environment variable) into "onednn" or "torch".
+
+    Raises:
+        ValueError: an unknown backend name.
+        RuntimeError: "onednn" was asked for but this torch build lacks it.
+    """
+    backend = backend or os.environ.get("VLITE_CPU_GEMM", "auto")
+    if backend not in CPU_GEMM_BACKENDS:
+        raise ValueError(f"CPU GEMM backend must be one of {CPU_GEMM_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "onednn" if onednn_gemm_available() else "torch"
+    if backend == "onednn" and not onednn_gemm_available():
+        raise RuntimeError("CPU GEMM backend 'onednn' needs a torch build with oneDNN (mkldnn); "
+                           "use 'torch' instead")
+    return backend
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (y = x W^T + b; x [..., in_features], W [out_features, in_features]) that
+    can run on a oneDNN-prepacked copy of W on CPU.
+
+    After :meth:`prepack_onednn` the layer holds W in oneDNN's blocked layout (an opaque tensor,
+    CPU only) and, unless told to keep it, drops the plain weight, so weights are not held twice;
+    the layer can then no longer be moved to another device or have weights loaded into it.
+    """
+
+    packed_weight: torch.Tensor | None = None
+
+    def prepack_onednn(self, keep_weight: bool = False) -> None:
+        """Reorder W for oneDNN once. ``keep_weight``: keep the plain W too (it is shared, e.g.
+        a tied embedding).
+
+        Raises:
+            RuntimeError: the weight is not on CPU.
+        """
+        if self.weight.device.type != "cpu":
+            raise RuntimeError(f"oneDNN prepacking needs CPU weights, this layer's are on {self.weight.device}")
+        with torch.no_grad():
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        if not keep_weight:
+            del self.weight
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_weight is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
