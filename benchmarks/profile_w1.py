@@ -58,6 +58,11 @@ def classify(path: str) -> list[tuple[str, int]]:
             func, file, line = m["func"], m["file"], int(m["line"])
             if "vlite/" not in file or "vlite/bench" in file:
                 continue
+            if "models/linear" in file:  # the GEMM itself; the calling frame says which layer
+                outer = [m for m in frames if m and "models/llama" in m["file"]]
+                lm_head = any(m["func"].endswith("compute_logits") for m in outer)
+                category = "matmul: lm_head" if lm_head else "matmul: linear layers"
+                break
             src = linecache.getline(file, line) if Path(file).exists() else ""
             hit = next((name for name, rule in RULES if rule(func, file, src)), None)
             if hit:

@@ -16,7 +16,7 @@ Sequences are packed decodes first: the first ``num_decodes`` sequences have one
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,8 @@ class AttentionMetadata:
     block_tables:    [B, max_blocks] int64, physical block ids, padded with 0.
     num_decodes:     the first num_decodes sequences are decodes (one query token each).
     query_lens / seq_lens_list: the same lengths as Python ints (no device syncs in loops).
+    plan_cache: what a backend derives from this layout once per step and reuses in every layer
+        (e.g. the torch path's decode groups and padding masks).
     """
 
     slot_mapping: torch.Tensor
@@ -44,6 +46,7 @@ class AttentionMetadata:
     query_lens: list[int]
     seq_lens_list: list[int]
     block_size: int
+    plan_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 BACKENDS = ("auto", "torch", "triton")

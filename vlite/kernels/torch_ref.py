@@ -3,6 +3,8 @@ the Triton kernels are tested against. Shapes are documented in ``attention.py``
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,11 +36,13 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Decodes in one padded batch; each prefill chunk on its own with a causal mask that is
     offset by the tokens already in the cache (chunked prefill)."""
-    out = torch.empty_like(query)
     nd = meta.num_decodes
+    if nd == len(meta.query_lens):  # a decode-only step (most steps)
+        return _decode_attention(query, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(query)
     if nd:
         out[:nd] = _decode_attention(query[:nd], k_cache, v_cache, meta, scale)
-    starts = meta.query_start_loc.tolist()
+    starts = list(itertools.accumulate(meta.query_lens, initial=0))
     for i in range(nd, len(meta.query_lens)):
         s, e = starts[i], starts[i + 1]
         q_len, ctx = meta.query_lens[i], meta.seq_lens_list[i]
@@ -83,6 +87,44 @@ def decode_groups(seq_lens: list[int], max_waste: float = 0.25, min_group: int =
     return groups
 
 
+@dataclass
+class DecodeGroup:
+    """One padded decode batch, derived once per step (see ``decode_plan``).
+
+    rows: [m] int64 indices of the group's decode rows, or None for all rows in order.
+    flat_blocks: [m * num_blocks] int64 block ids, each row's table cut to num_blocks.
+    mask: [m, 1, 1, num_blocks * block_size] bool, True where a position holds context.
+    """
+
+    rows: torch.Tensor | None
+    flat_blocks: torch.Tensor
+    mask: torch.Tensor
+    num_rows: int
+    num_blocks: int
+
+
+def decode_plan(meta: AttentionMetadata) -> list[DecodeGroup]:
+    """The step's decode groups with their block ids and masks, built on the first layer's call
+    and kept in ``meta.plan_cache`` for the other layers (they share the step's layout)."""
+    plan = meta.plan_cache.get("torch_decode")
+    if plan is not None:
+        return plan
+    nd, block_size = meta.num_decodes, meta.block_size
+    lens = meta.seq_lens_list[:nd]
+    groups = decode_groups(lens)
+    plan = []
+    for rows in groups:
+        idx = None if len(groups) == 1 else torch.tensor(rows, device=meta.seq_lens.device)
+        tables = meta.block_tables[:nd] if idx is None else meta.block_tables.index_select(0, idx)
+        seq_lens = meta.seq_lens[:nd] if idx is None else meta.seq_lens.index_select(0, idx)
+        nblk = -(-lens[rows[0]] // block_size)
+        positions = torch.arange(nblk * block_size, device=seq_lens.device)
+        mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+        plan.append(DecodeGroup(idx, tables[:, :nblk].reshape(-1), mask, len(rows), nblk))
+    meta.plan_cache["torch_decode"] = plan
+    return plan
+
+
 def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query per sequence. Rows of similar context length are gathered into one padded
@@ -91,37 +133,28 @@ def _decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     The gather copies each row's blocks out of the cache, so its cost is memory traffic:
     rows x padded length x Hkv x D per layer, for K and for V.
     """
-    nd = q.shape[0]
-    lens = meta.seq_lens_list[:nd]
-    groups = decode_groups(lens)
-    if len(groups) == 1:
-        return _decode_group(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], lens[groups[0][0]],
-                             scale)
+    plan = decode_plan(meta)
+    if len(plan) == 1:
+        return _decode_group(q, k_cache, v_cache, plan[0], scale)
     out = torch.empty_like(q)
-    for rows in groups:
-        idx = torch.tensor(rows, device=q.device)
+    for group in plan:
         # index_select / index_copy_: plain row copies (advanced-index assignment is much slower on CPU)
-        o = _decode_group(q.index_select(0, idx), k_cache, v_cache, meta.block_tables.index_select(0, idx),
-                          meta.seq_lens.index_select(0, idx), lens[rows[0]], scale)
-        out.index_copy_(0, idx, o)
+        out.index_copy_(0, group.rows, _decode_group(q.index_select(0, group.rows), k_cache, v_cache, group, scale))
     return out
 
 
-def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
-    """q [n, Hq, D] over the first seq_lens[i] cached tokens of block_tables[i]; returns [n, Hq, D]."""
-    n, block_size = q.shape[0], k_cache.shape[1]
-    nblk = -(-max_len // block_size)
-    flat = block_tables[:, :nblk].reshape(-1)
+def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+                  scale: float) -> torch.Tensor:
+    """q [n, Hq, D] over the group's cached tokens; returns [n, Hq, D]."""
+    n, length = group.num_rows, group.num_blocks * k_cache.shape[1]
     # index_select on the block dim: one contiguous copy of block_size * Hkv * D values per block
-    k = k_cache.index_select(0, flat).view(n, nblk * block_size, *k_cache.shape[2:])
-    v = v_cache.index_select(0, flat).view(n, nblk * block_size, *v_cache.shape[2:])
-    mask = torch.arange(nblk * block_size, device=q.device)[None, :] < seq_lens[:, None]
+    k = k_cache.index_select(0, group.flat_blocks).view(n, length, *k_cache.shape[2:])
+    v = v_cache.index_select(0, group.flat_blocks).view(n, length, *v_cache.shape[2:])
     num_kv_heads = k_cache.shape[2]
     # GQA without repeating K/V: the query heads that share a KV head become that head's
     # "query rows" ([n, Hkv, Hq/Hkv, D]), so each K/V row is read once per KV head. With one
     # query position per sequence there is no causal mask, only the padding mask.
     qh = q.reshape(n, num_kv_heads, -1, q.shape[-1])
     kh, vh = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, L, D]
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None, None, :], scale=scale)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=group.mask, scale=scale)
     return o.reshape(q.shape)
