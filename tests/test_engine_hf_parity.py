@@ -41,7 +41,7 @@ def hf_greedy(hf_model, tokenizer, prompt: str, max_new_tokens: int) -> list[int
     return out[0, ids.shape[1]:].tolist()
 
 
-def _check_parity(ckpt, prompts, max_tokens, **engine_kwargs):
+def _check_parity(ckpt, prompts, max_tokens, cpu_gemm=None, **engine_kwargs):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).eval()
@@ -49,10 +49,11 @@ def _check_parity(ckpt, prompts, max_tokens, **engine_kwargs):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # each prompt alone
     for prompt, ref in zip(prompts, refs):
-        out = make_engine(ckpt).generate([prompt], params)[0]
+        out = make_engine(ckpt, cpu_gemm=cpu_gemm).generate([prompt], params)[0]
         assert out.outputs[0].token_ids == ref, f"alone: {prompt!r}"
     # all in one continuous batch, with a cache small enough to force preemption and chunked prefill
-    engine = make_engine(ckpt, **engine_kwargs)
+    engine = make_engine(ckpt, cpu_gemm=cpu_gemm, **engine_kwargs)
+    assert engine.cpu_gemm == (cpu_gemm or "onednn")
     outs = engine.generate(prompts, params)
     for prompt, ref, out in zip(prompts, refs, outs):
         assert out.outputs[0].token_ids == ref, f"batched: {prompt!r}"
@@ -64,13 +65,15 @@ def _check_parity(ckpt, prompts, max_tokens, **engine_kwargs):
     return engine
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_tiny_models_match_transformers(tmp_path, arch):
+@pytest.mark.parametrize("arch,cpu_gemm", [("llama", None), ("qwen2", None), ("mistral", None), ("llama", "torch")])
+def test_tiny_models_match_transformers(tmp_path, arch, cpu_gemm):
+    """Both CPU GEMMs: oneDNN on prepacked weights (the default) and F.linear (what HF runs)."""
     overrides = {"tie_word_embeddings": True} if arch == "llama" else {}
     if arch == "qwen2":
         overrides["rope_theta"] = 50000.0
     ckpt = load_checkpoint(str(build_tiny_model_dir(tmp_path, arch, **overrides)))
-    _check_parity(ckpt, TINY_PROMPTS, max_tokens=24, num_blocks=16, block_size=8, max_num_batched_tokens=24)
+    _check_parity(ckpt, TINY_PROMPTS, max_tokens=24, cpu_gemm=cpu_gemm, num_blocks=16, block_size=8,
+                  max_num_batched_tokens=24)
 
 
 def test_tiny_llama_with_rope_scaling_matches(tmp_path):
