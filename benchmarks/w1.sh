@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce every number in docs/benchmarks.md (CPU, SmolLM2-135M). Run from the repository root
-# on a quiet machine (check `uptime` first); takes about 20 minutes on 2 idle cores.
+# on a quiet machine (check `uptime` first); takes about 15 minutes on 2 idle cores.
 #   bash benchmarks/w1.sh [results-dir]
 set -euo pipefail
 OUT=${1:-benchmarks/results}
@@ -12,6 +12,9 @@ W1="--num-prompts 64 --input-len-range 32:256 --output-len-range 16:256 --seed 0
 uptime | tee "$OUT/uptime-start.txt"
 # 1. vlite float32 vs transformers (static batch, continuous batching), one process
 $V bench throughput $W1 --backend hf --no-progress --output-json "$OUT/w1_fp32_hf.json" | tee "$OUT/w1_fp32_hf.txt"
+# 1b. vlite float32 with torch's F.linear (MKL sgemm) instead of oneDNN: what the GEMM choice is worth
+VLITE_CPU_GEMM=torch $V bench throughput $W1 --no-progress --output-json "$OUT/w1_fp32_torch_gemm.json" \
+    | tee "$OUT/w1_fp32_torch_gemm.txt"
 # 2. vlite bfloat16
 $V bench throughput $W1 --dtype bfloat16 --no-progress --output-json "$OUT/w1_bf16.json" | tee "$OUT/w1_bf16.txt"
 # 3. the float32 bound (FLOPs / measured matmul rate); bf16 rate for reference

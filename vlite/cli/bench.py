@@ -140,13 +140,13 @@ def throughput(
     import torch
 
     common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {len(requests)} requests, "
-                             f"torch threads {torch.get_num_threads()}")
+                             f"torch threads {torch.get_num_threads()}, CPU GEMM {engine.cpu_gemm or '-'}")
     result = runners.run_vlite(engine, requests, show_progress=progress)
     summary = result.summary(requests)
     print(_throughput_line(summary))
     print(f"Total num prompt tokens:  {summary['total_prompt_tokens']}")
     print(f"Total num output tokens:  {summary['total_output_tokens']}")
-    data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype,
+    data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype, cpu_gemm=engine.cpu_gemm,
                 num_preemptions=engine.stats().num_preemptions_total, enable_ledger=not disable_ledger)
     if backend == "hf":
         del engine  # free the KV cache before loading the second model
