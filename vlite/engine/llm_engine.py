@@ -135,6 +135,8 @@ class LLMEngine:
         self.cpu_gemm = resolve_cpu_gemm_backend(config.cpu_gemm) if self.device.type == "cpu" else None
         if self.cpu_gemm == "onednn":
             self.model.prepack_cpu_gemm()
+        if self.cpu_gemm:
+            logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=onednn|torch|auto)", self.cpu_gemm)
         self.eos_token_ids = self._eos_token_ids()
 
         cache = config.cache
