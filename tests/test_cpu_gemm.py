@@ -10,6 +10,7 @@ from conftest import build_tiny_model_dir, make_engine
 from vlite.engine.config import EngineConfig
 from vlite.engine.loader import load_checkpoint
 from vlite.engine.models.linear import Linear, onednn_gemm_available, resolve_cpu_gemm_backend
+from vlite.engine.sampling_params import SamplingParams
 
 
 def test_this_torch_has_onednn():
@@ -71,7 +72,15 @@ def test_backend_choice_and_bad_names(monkeypatch):
     assert resolve_cpu_gemm_backend(None) == "torch"
     assert resolve_cpu_gemm_backend("onednn") == "onednn"  # an explicit choice wins over the variable
     monkeypatch.setenv("VLITE_CPU_GEMM", "mkl")
-    with pytest.raises(ValueError, match="must be one of"):
+    with pytest.raises(ValueError, match="VLITE_CPU_GEMM must be one of"):
         resolve_cpu_gemm_backend(None)
     with pytest.raises(ValueError, match="cpu_gemm must be"):
         EngineConfig(cpu_gemm="blas")
+
+
+def test_bad_attention_backend_variable_fails_at_engine_start(monkeypatch, tiny_checkpoint):
+    monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "flash")
+    with pytest.raises(ValueError, match="VLITE_ATTENTION_BACKEND must be one of"):
+        make_engine(tiny_checkpoint)
+    monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "torch")
+    assert make_engine(tiny_checkpoint).generate(["Hi"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids

@@ -277,7 +277,7 @@ def test_engine_greedy_tokens_match_torch_backend(tiny_checkpoint, monkeypatch):
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     runs = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setattr(attention, "_DEFAULT_BACKEND", backend)
+        monkeypatch.setenv("VLITE_ATTENTION_BACKEND", backend)
         engine = make_engine(tiny_checkpoint, num_blocks=40, block_size=4, max_num_batched_tokens=10)
         runs[backend] = [o.outputs[0].token_ids for _ in range(2) for o in engine.generate(prompts, params)]
     assert all(len(t) == 5 for t in runs["torch"])

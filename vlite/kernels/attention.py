@@ -50,13 +50,22 @@ class AttentionMetadata:
 
 
 BACKENDS = ("auto", "torch", "triton")
-_DEFAULT_BACKEND = os.environ.get("VLITE_ATTENTION_BACKEND", "auto")
-if _DEFAULT_BACKEND not in BACKENDS:
-    raise ValueError(f"VLITE_ATTENTION_BACKEND must be one of {BACKENDS}, got {_DEFAULT_BACKEND!r}")
+
+
+def default_backend() -> str:
+    """The backend ``VLITE_ATTENTION_BACKEND`` names ("auto" when unset).
+
+    Raises:
+        ValueError: the variable holds something else than auto, torch or triton.
+    """
+    backend = os.environ.get("VLITE_ATTENTION_BACKEND", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"VLITE_ATTENTION_BACKEND must be one of {BACKENDS}, got {backend!r}")
+    return backend
 
 
 def _use_triton(x: torch.Tensor, backend: str | None) -> bool:
-    backend = backend or _DEFAULT_BACKEND
+    backend = backend or default_backend()
     if backend == "auto":
         return x.is_cuda
     if backend not in BACKENDS:

@@ -37,9 +37,10 @@ def resolve_cpu_gemm_backend(backend: str | None) -> str:
         ValueError: an unknown backend name.
         RuntimeError: "onednn" was asked for but this torch build lacks it.
     """
+    source = "cpu_gemm" if backend else "VLITE_CPU_GEMM"
     backend = backend or os.environ.get("VLITE_CPU_GEMM", "auto")
     if backend not in CPU_GEMM_BACKENDS:
-        raise ValueError(f"CPU GEMM backend must be one of {CPU_GEMM_BACKENDS}, got {backend!r}")
+        raise ValueError(f"{source} must be one of {CPU_GEMM_BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "onednn" if onednn_gemm_available() else "torch"
     if backend == "onednn" and not onednn_gemm_available():
