@@ -56,17 +56,26 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, scale: float) -> torch.Tensor:
-    """q [Lq, Hq, D] over k/v [Lk, Hkv, D]; query j sits at position num_cached + j."""
-    q_len, k_len = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    gqa = qh.shape[0] != kh.shape[0]
+    """q [Lq, Hq, D] over k/v [Lk, Hkv, D]; query j sits at position num_cached + j.
+
+    GQA as a broadcast, not ``enable_gqa``: the queries become [Hkv, G, Lq, D] (G = Hq / Hkv)
+    and each KV head is expanded over its G query heads as a stride-0 view, with no copy. On
+    CPU, SDPA with ``enable_gqa=True`` falls back to the math path (it materializes the
+    [Hq, Lq, Lk] scores: 55 ms for 1,024 tokens of SmolLM2, against 10.5 ms this way).
+    """
+    q_len, k_len, head_dim = q.shape[0], k.shape[0], q.shape[2]
+    num_kv_heads = k.shape[1]
+    group = q.shape[1] // num_kv_heads
+    qh = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
+    kh = k.permute(1, 0, 2)[:, None].expand(num_kv_heads, group, k_len, head_dim)
+    vh = v.permute(1, 0, 2)[:, None].expand(num_kv_heads, group, k_len, head_dim)
     if num_cached == 0:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
     else:
         pos_q = torch.arange(num_cached, num_cached + q_len, device=q.device)
         mask = torch.arange(k_len, device=q.device)[None, :] <= pos_q[:, None]
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return o.permute(2, 0, 1, 3).reshape(q_len, num_kv_heads * group, head_dim)
 
 
 def decode_groups(seq_lens: list[int], max_waste: float = 0.25, min_group: int = 8) -> list[list[int]]:
