@@ -32,7 +32,7 @@ from vlite.engine.sampler import sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
-from vlite.kernels.attention import default_backend as default_attention_backend
+from vlite.kernels.attention import prepare_backend as prepare_attention_backend
 
 logger = logging.getLogger("vlite.engine")
 
@@ -133,7 +133,8 @@ class LLMEngine:
         self.model.init_rope_tables()  # keep the rotary tables in float32 on the right device
         self.model.cos_table = self.model.cos_table.to(self.device)
         self.model.sin_table = self.model.sin_table.to(self.device)
-        default_attention_backend()  # a bad VLITE_ATTENTION_BACKEND fails here, before any request
+        # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
+        logger.info("attention: %s", prepare_attention_backend(self.device))
         self.cpu_gemm = resolve_cpu_gemm_backend(config.cpu_gemm) if self.device.type == "cpu" else None
         if self.cpu_gemm == "onednn":
             self.model.prepack_cpu_gemm()

@@ -1,11 +1,12 @@
 """The one paged-attention interface the model calls.
 
 Backends: Triton kernels (``triton_store_kvcache``, ``triton_paged_attention``) when the tensors
-are on CUDA, the torch implementation (``torch_ref``) everywhere else. ``backend="triton"``
+are on CUDA, the torch implementation (``torch_ref``) everywhere else, with its float32 decode
+rows handed to the C++ CPU kernel (``cpu_attention``) when that kernel builds on this machine. ``backend="triton"``
 forces the Triton path, e.g. on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before the kernel modules are first imported), which is how the tests run the kernels
 without a GPU; ``backend="torch"`` or the environment variable ``VLITE_ATTENTION_BACKEND=torch``
-forces the torch path (e.g. to compare the two on a GPU).
+forces the torch path (e.g. to compare the two on a GPU; on CPU it also leaves the C++ kernel out).
 
 Shapes (T = tokens in the step, B = sequences, Hq/Hkv = query/KV heads, D = head dim):
   query   [T, Hq, D], key/value [T, Hkv, D]      (float32 / bfloat16)
@@ -93,6 +94,35 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         torch_ref.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
 
+def prepare_backend(device: torch.device | str) -> str:
+    """Build (or load) what the default backend needs on ``device`` before the first step, so
+    no request waits for a compiler. Returns the attention path in words, for the log.
+
+    Raises:
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``.
+    """
+    backend = default_backend()
+    if torch.device(device).type != "cpu":
+        return "triton" if backend == "auto" else backend
+    if backend == "auto":
+        from vlite.kernels import cpu_attention
+
+        if cpu_attention.load() is not None:
+            return "C++ CPU kernel for float32 decodes, torch for the rest"
+    return backend if backend == "triton" else "torch"
+
+
+def _cpu_decode(query: torch.Tensor, k_cache: torch.Tensor, backend: str | None):
+    """The C++ decode kernel when the default path is on, it is built and it takes these tensors."""
+    if (backend or default_backend()) != "auto" or query.is_cuda:
+        return None
+    from vlite.kernels import cpu_attention
+
+    if not cpu_attention.supports(query, k_cache) or cpu_attention.load() is None:
+        return None
+    return cpu_attention.paged_decode
+
+
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
                     backend: str | None = None) -> torch.Tensor:
@@ -108,4 +138,5 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         from vlite.kernels import triton_paged_attention
 
         return triton_paged_attention.paged_attention(query, k_cache, v_cache, meta, scale)
-    return torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
+    return torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale,
+                                     decode_attention=_cpu_decode(query, k_cache, backend))

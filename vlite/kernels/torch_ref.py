@@ -4,6 +4,7 @@ the Triton kernels are tested against. Shapes are documented in ``attention.py``
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,15 +34,27 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Decodes in one padded batch; each prefill chunk on its own with a causal mask that is
-    offset by the tokens already in the cache (chunked prefill)."""
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    decode_attention: Callable | None = None) -> torch.Tensor:
+    """Decodes in padded batches of similar length; each prefill chunk on its own with a causal
+    mask that is offset by the tokens already in the cache (chunked prefill).
+
+    decode_attention: another implementation for the decode rows, called as
+        ``decode_attention(q [nd, Hq, D], k_cache, v_cache, block_tables [nd, max_blocks],
+        seq_lens [nd], scale)`` (the C++ CPU kernel, ``cpu_attention.paged_decode``).
+    """
     nd = meta.num_decodes
+    if decode_attention is None:
+        def decode(q):
+            return _decode_attention(q, k_cache, v_cache, meta, scale)
+    else:
+        def decode(q):
+            return decode_attention(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
     if nd == len(meta.query_lens):  # a decode-only step (most steps)
-        return _decode_attention(query, k_cache, v_cache, meta, scale)
+        return decode(query)
     out = torch.empty_like(query)
     if nd:
-        out[:nd] = _decode_attention(query[:nd], k_cache, v_cache, meta, scale)
+        out[:nd] = decode(query[:nd])
     starts = list(itertools.accumulate(meta.query_lens, initial=0))
     for i in range(nd, len(meta.query_lens)):
         s, e = starts[i], starts[i + 1]

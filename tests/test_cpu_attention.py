@@ -1,0 +1,98 @@
+"""The C++ CPU paged decode kernel against the torch path, and how attention.py falls back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_engine
+
+from vlite.engine.sampling_params import SamplingParams
+from vlite.kernels import attention, cpu_attention, torch_ref
+from vlite.kernels.attention import AttentionMetadata
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = cpu_attention.load()
+    assert module is not None, "the C++ CPU attention kernel must build on this machine (g++, ninja)"
+    return module
+
+
+def _decode_case(seed: int, lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+    """Random caches, scattered block tables (padded with 0), one query per sequence."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in lens) + 1  # one spare column of padding
+    num_blocks = len(lens) * max_blocks + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros(len(lens), max_blocks, dtype=torch.long)
+    used = 0
+    for i, n in enumerate(lens):
+        nb = -(-n // block_size)
+        tables[i, :nb] = perm[used:used + nb]
+        used += nb
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    q = torch.randn(len(lens), num_heads, head_dim, generator=g)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(len(lens), dtype=torch.long),
+                             query_start_loc=torch.arange(len(lens) + 1), seq_lens=torch.tensor(lens),
+                             block_tables=tables, num_decodes=len(lens), query_lens=[1] * len(lens),
+                             seq_lens_list=lens, block_size=block_size)
+    return q, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("lens,num_heads,num_kv_heads,head_dim,block_size", [
+    ([1, 2, 15, 16, 17, 33, 100], 9, 3, 64, 16),   # SmolLM2's heads; lengths around block edges
+    ([5], 4, 4, 32, 8),                            # one sequence, no GQA
+    ([300, 7, 64, 129], 8, 1, 128, 16),            # 8 query heads per KV head, long context
+    ([40, 41, 3], 4, 2, 16, 4),                    # the tiny test model's heads, small blocks
+])
+def test_kernel_equals_torch_path(kernel, lens, num_heads, num_kv_heads, head_dim, block_size):
+    q, k_cache, v_cache, meta = _decode_case(len(lens), lens, num_heads, num_kv_heads, head_dim, block_size)
+    assert cpu_attention.supports(q, k_cache)
+    scale = head_dim ** -0.5
+    expected = torch_ref._decode_attention(q, k_cache, v_cache, meta, scale)
+    poisoned = k_cache.clone()
+    for i, n in enumerate(lens):  # tokens past each sequence's length must not be read
+        tail = meta.block_tables[i, (n - 1) // block_size]
+        poisoned[tail, (n - 1) % block_size + 1:] = float("nan")
+    out = cpu_attention.paged_decode(q, poisoned, v_cache, meta.block_tables, meta.seq_lens, scale)
+    assert out.shape == q.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_supports_only_what_the_kernel_takes():
+    q = torch.zeros(2, 9, 64)
+    cache = torch.zeros(4, 16, 3, 64)
+    assert cpu_attention.supports(q, cache)
+    assert not cpu_attention.supports(q.bfloat16(), cache.bfloat16())  # float32 only
+    assert not cpu_attention.supports(torch.zeros(2, 9, 24), torch.zeros(4, 16, 3, 24))  # head_dim % 16
+    assert not cpu_attention.supports(torch.zeros(2, 16, 64), torch.zeros(4, 16, 1, 64))  # 16 heads per KV head
+    assert not cpu_attention.supports(q, cache.transpose(1, 2).contiguous().transpose(1, 2))  # not contiguous
+
+
+def test_engine_uses_the_kernel_and_matches_the_torch_path(kernel, tiny_checkpoint, monkeypatch):
+    calls = []
+    real = cpu_attention.paged_decode
+    monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    prompts = ["Hello there", "A paged KV cache splits each sequence into blocks", "1 2 3 4 5 6 7 8 9"]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    monkeypatch.delenv("VLITE_ATTENTION_BACKEND", raising=False)
+    with_kernel = [o.outputs[0].token_ids for o in make_engine(tiny_checkpoint).generate(prompts, params)]
+    assert calls and max(calls) == len(prompts)  # every decode row went through the kernel
+    calls.clear()
+    monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "torch")
+    torch_only = [o.outputs[0].token_ids for o in make_engine(tiny_checkpoint).generate(prompts, params)]
+    assert not calls
+    assert with_kernel == torch_only
+
+
+def test_without_the_kernel_the_torch_path_runs(tiny_checkpoint, monkeypatch):
+    """A machine without a compiler: load() returns None and decodes stay on torch."""
+    monkeypatch.delenv("VLITE_ATTENTION_BACKEND", raising=False)
+    monkeypatch.setitem(cpu_attention._state, "module", None)
+    assert attention.prepare_backend("cpu") == "torch"
+    out = make_engine(tiny_checkpoint).generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(RuntimeError, match="not loaded"):
+        cpu_attention.paged_decode(torch.zeros(1, 4, 16), torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16),
+                                   torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long), 0.25)
