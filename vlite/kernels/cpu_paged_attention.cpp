@@ -71,20 +71,22 @@ void decode_f32(const float* q, const float* kc, const float* vc, const int64_t*
         for (int64_t j = 0; j < dv; ++j) qv[g][j] = load16(q + (seq * hq + h * group + g) * dim + j * 16) * scale;
       const int64_t padded = (len + 15) / 16 * 16;
       scores.assign(group * padded, -INFINITY);
-      for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, ++blk) {
-        const float* kb = kc + table[blk] * bs * slot_stride + h * dim;
-        const int64_t stop = std::min(bs, len - t0);
-        for (int64_t o = 0; o < stop; ++o) {
-          const float* k = kb + o * slot_stride;
-          v16 kv[kMaxDimVecs];
-          for (int64_t j = 0; j < dv; ++j) kv[j] = load16(k + j * 16);
-          for (int64_t g = 0; g < group; ++g) {
-            v16 acc = qv[g][0] * kv[0];
-            for (int64_t j = 1; j < dv; ++j) acc += qv[g][j] * kv[j];
-            scores[g * padded + t0 + o] = hsum(acc);
-          }
+      // each cached token's [D] row of this KV head, in order, through the block table
+      auto for_each_token = [&](const float* cache, auto&& visit) {
+        for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, ++blk) {
+          const float* block = cache + table[blk] * bs * slot_stride + h * dim;
+          for (int64_t o = 0, stop = std::min(bs, len - t0); o < stop; ++o) visit(t0 + o, block + o * slot_stride);
         }
-      }
+      };
+      for_each_token(kc, [&](int64_t t, const float* k) {
+        v16 kv[kMaxDimVecs];
+        for (int64_t j = 0; j < dv; ++j) kv[j] = load16(k + j * 16);
+        for (int64_t g = 0; g < group; ++g) {
+          v16 acc = qv[g][0] * kv[0];
+          for (int64_t j = 1; j < dv; ++j) acc += qv[g][j] * kv[j];
+          scores[g * padded + t] = hsum(acc);
+        }
+      });
       float inv[kMaxGroup];
       for (int64_t g = 0; g < group; ++g) {
         float* s = &scores[g * padded];
@@ -104,19 +106,14 @@ void decode_f32(const float* q, const float* kc, const float* vc, const int64_t*
       v16 acc[kMaxGroup][kMaxDimVecs];
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) acc[g][j] = splat(0.f);
-      for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, ++blk) {
-        const float* vb = vc + table[blk] * bs * slot_stride + h * dim;
-        const int64_t stop = std::min(bs, len - t0);
-        for (int64_t o = 0; o < stop; ++o) {
-          const float* v = vb + o * slot_stride;
-          v16 vv[kMaxDimVecs];
-          for (int64_t j = 0; j < dv; ++j) vv[j] = load16(v + j * 16);
-          for (int64_t g = 0; g < group; ++g) {
-            const v16 p = splat(scores[g * padded + t0 + o]);
-            for (int64_t j = 0; j < dv; ++j) acc[g][j] += p * vv[j];
-          }
+      for_each_token(vc, [&](int64_t t, const float* v) {
+        v16 vv[kMaxDimVecs];
+        for (int64_t j = 0; j < dv; ++j) vv[j] = load16(v + j * 16);
+        for (int64_t g = 0; g < group; ++g) {
+          const v16 p = splat(scores[g * padded + t]);
+          for (int64_t j = 0; j < dv; ++j) acc[g][j] += p * vv[j];
         }
-      }
+      });
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) store16(out + (seq * hq + h * group + g) * dim + j * 16, acc[g][j] * inv[g]);
     }
