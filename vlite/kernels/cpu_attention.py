@@ -48,16 +48,30 @@ def load():
 
 
 def _build():
+    name = f"vlite_cpu_paged_attention_{_cpu_tag()}"
     try:
         from torch.utils.cpp_extension import load as load_extension
 
-        return load_extension(name=f"vlite_cpu_paged_attention_{_cpu_tag()}", sources=[str(_SOURCE)],
+        if not _already_built(name):  # a first start would otherwise look like a slow model load
+            logger.warning("building the C++ CPU attention kernel (once per machine, about 20 s) ...")
+        return load_extension(name=name, sources=[str(_SOURCE)],
                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                               verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the torch path still works
         logger.warning("the C++ CPU attention kernel could not be built (%s: %s); using the torch path",
                        type(exc).__name__, str(exc).strip().splitlines()[-1] if str(exc).strip() else "")
         return None
+
+
+def _already_built(name: str) -> bool:
+    """Whether torch's extension cache holds a build of ``name`` (it rebuilds by itself if the
+    source changed; this only decides whether to announce a build)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return (Path(_get_build_directory(name, False)) / f"{name}.so").exists()
+    except Exception:  # a private torch helper: if it moves, only the notice is lost
+        return True
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
