@@ -230,6 +230,7 @@ def test_request_id_echo_and_origin_in_debug_blocks(server, http):
             "origin-test-1", "/v1/completions", "tagged")
         held = [e for e in snap["ledger"] if e["request_id"] == "origin-test-1"]
         assert sorted(e["block_id"] for e in held) == sorted(seqs[0]["block_table"])
+        assert all(snap["ref_counts"][str(b)] == 1 for b in seqs[0]["block_table"])  # held by this sequence alone
         assert held[0]["origin"]["route"] == "/v1/completions" and held[0]["site"] in ("prefill", "prefix cache hit")
         assert snap["num_used_blocks"] >= len(seqs[0]["block_table"]) and snap["num_running"] == 1
         assert set(snap) >= {"num_total_blocks", "num_free_blocks", "num_cached_blocks", "kv_cache_usage",
@@ -238,6 +239,7 @@ def test_request_id_echo_and_origin_in_debug_blocks(server, http):
     wait_drained(server)
     after = http.get("/debug/blocks").json()
     assert after["sequences"] == [] and after["ledger"] == [] and after["anomalies"] == []
+    assert after["ref_counts"] == {}  # every block back to 0: free or cached
 
 
 # ---- bad input: OpenAI error shapes, nothing reaches the engine ------------------------------------

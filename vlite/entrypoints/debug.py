@@ -9,6 +9,8 @@ read-only methods, so it is consistent (no half-applied step). Shape::
      "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
                  "finish_reason"}],
      "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
+     "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
+                                                  a block shared by n sequences n, a double free < 0)
      "live_state": {...LLMEngine.live_state()}}
 
 ``sequences`` lists every live sequence, including each sample of an n > 1 request and each
@@ -64,5 +66,6 @@ def blocks_snapshot(engine: LLMEngine) -> dict:
         "sequences": sequences,
         "ledger": ledger,
         "anomalies": anomalies,
+        "ref_counts": {str(block): count for block, count in enumerate(engine.ref_counts()) if count},
         "live_state": live,
     }
