@@ -122,3 +122,8 @@ def test_debug_blocks_snapshot():
     assert snap.ledger[0]["client_action"] == "disconnect after 2 chunks" and snap.ledger[0]["age_s"] == 0.512
     assert snap.owners[3]["request_id"] == "r" and snap.block_tables == {3: [1, 2]}
     assert drain_check(snap).deficit_blocks == 2
+    assert snap.ref_counts is None  # an older server without ref_counts
+    snap = from_debug_blocks(dict(data, ref_counts={"1": 1, "2": 1, "6": -1}))  # block 6 freed twice
+    assert snap.ref_counts == [0, 1, 1, 0, 0, 0, -1, 0]
+    check = drain_check(snap)
+    assert check.negative_ref_counts == 1 and check.sign == "deficit+excess"

@@ -84,6 +84,11 @@ def from_debug_blocks(data: dict) -> Snapshot:
         s = by_seq.get(sid, {})
         owners[sid] = {"request_id": s.get("request_id"), **_origin_fields(s.get("origin")),
                        "status": s.get("status"), "finish_reason": s.get("finish_reason")}
+    ref_counts = None
+    if isinstance(data.get("ref_counts"), dict):  # /debug/blocks sends only the blocks not at 0
+        ref_counts = [0] * int(data["num_total_blocks"])
+        for block_id, count in data["ref_counts"].items():
+            ref_counts[int(block_id)] = int(count)
     anomalies = []
     for a in data.get("anomalies", []):
         anomalies.append(a if isinstance(a, dict) else {"kind": str(a)})
@@ -92,7 +97,7 @@ def from_debug_blocks(data: dict) -> Snapshot:
                     int(data.get("num_cached_blocks", 0)), int(data.get("num_running", 0)),
                     int(data.get("num_waiting", 0)), ledger, anomalies, data.get("live_state", {}),
                     {s["seq_id"]: list(s.get("block_table", [])) for s in seqs if "seq_id" in s},
-                    data.get("ref_counts"), owners)
+                    ref_counts, owners)
 
 
 def from_metrics(metrics: dict) -> Snapshot:
