@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # On CPU the KV cache is sized by a byte budget (vLLM: --kv-cache-memory-bytes).
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# The CPU GEMM of the linear layers (vlite/engine/models/linear.py).
+CPU_GEMM_BACKENDS = ("auto", "onednn", "torch")
 
 
 @dataclass
@@ -94,5 +96,5 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in (None, "cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.cpu_gemm not in (None, "auto", "onednn", "torch"):
-            raise ValueError(f"cpu_gemm must be 'auto', 'onednn' or 'torch', got {self.cpu_gemm!r}")
+        if self.cpu_gemm is not None and self.cpu_gemm not in CPU_GEMM_BACKENDS:
+            raise ValueError(f"cpu_gemm must be one of {CPU_GEMM_BACKENDS}, got {self.cpu_gemm!r}")

@@ -138,5 +138,8 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         from vlite.kernels import triton_paged_attention
 
         return triton_paged_attention.paged_attention(query, k_cache, v_cache, meta, scale)
+    # decided once per step: every layer has the same dtype, shapes and backend
+    if "cpu_decode" not in meta.plan_cache:
+        meta.plan_cache["cpu_decode"] = _cpu_decode(query, k_cache, backend)
     return torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale,
-                                     decode_attention=_cpu_decode(query, k_cache, backend))
+                                     decode_attention=meta.plan_cache["cpu_decode"])

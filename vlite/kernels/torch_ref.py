@@ -86,13 +86,18 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, 
     qh = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
     kh = k.permute(1, 0, 2)[:, None].expand(num_kv_heads, group, k_len, head_dim)
     vh = v.permute(1, 0, 2)[:, None].expand(num_kv_heads, group, k_len, head_dim)
-    if num_cached == 0:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
-    else:
-        pos_q = torch.arange(num_cached, num_cached + q_len, device=q.device)
-        mask = torch.arange(k_len, device=q.device)[None, :] <= pos_q[:, None]
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    mask = _chunk_mask(num_cached, q_len, k_len, q.device)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale)
     return o.permute(2, 0, 1, 3).reshape(q_len, num_kv_heads * group, head_dim)
+
+
+def _chunk_mask(num_cached: int, q_len: int, k_len: int, device) -> torch.Tensor | None:
+    """[Lq, Lk] bool, True where query j (at position num_cached + j) may see key i; None when
+    nothing is cached before the chunk (plain causal attention, SDPA's ``is_causal``)."""
+    if not num_cached:
+        return None
+    pos_q = torch.arange(num_cached, num_cached + q_len, device=device)
+    return torch.arange(k_len, device=device)[None, :] <= pos_q[:, None]
 
 
 def _attend_gqa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int,
@@ -100,11 +105,8 @@ def _attend_gqa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cach
     """``_attend`` through SDPA's ``enable_gqa`` (the math path on CPU), for bf16/fp16."""
     q_len, k_len = q.shape[0], k.shape[0]
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    mask = None
-    if num_cached:
-        pos_q = torch.arange(num_cached, num_cached + q_len, device=q.device)
-        mask = torch.arange(k_len, device=q.device)[None, :] <= pos_q[:, None]
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=not num_cached, scale=scale,
+    mask = _chunk_mask(num_cached, q_len, k_len, q.device)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale,
                                        enable_gqa=qh.shape[0] != kh.shape[0])
     return o.transpose(0, 1)
 

@@ -1,10 +1,10 @@
 """The model's linear layers, with an optional oneDNN GEMM on CPU.
 
 Why not plain ``F.linear`` on CPU: in float32 it calls MKL's sgemm, and MKL takes a code path
-without AVX-512 on AMD CPUs. On this project's Zen 5 machine that is 130 GFLOP/s for a 64-row
-decode step, while oneDNN (also shipped inside torch) multiplies the same float32 matrices at
-about 480 GFLOP/s, with float32 rounding (errors of the same size as MKL's, see
-``docs/benchmarks.md``). vLLM's CPU backend makes the same choice: its unquantized linear layers
+without AVX-512 on AMD CPUs. On this project's Zen 5 machine SmolLM2's linear layers run at
+about 150 GFLOP/s with MKL at 64 rows (a decode step) and about 360 with oneDNN (also shipped
+inside torch), with float32 rounding (errors of the same size as MKL's); see
+``benchmarks/fp32_bound.py`` and ``benchmarks/cpu_kernels.py``. vLLM's CPU backend makes the same choice: its unquantized linear layers
 call a oneDNN matmul on a weight that was reordered ("prepacked") once at load
 (``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``).
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CPU_GEMM_BACKENDS = ("auto", "onednn", "torch")
+from vlite.engine.config import CPU_GEMM_BACKENDS
 
 
 def onednn_gemm_available() -> bool:
@@ -34,8 +34,7 @@ def resolve_cpu_gemm_backend(backend: str | None) -> str:
     """Turn "auto"/None (or the ``VLITE_CPU_GEMM`` environment variable) into "onednn" or "torch".
 
     Raises:
-        ValueError: an unknown backend name.
-        RuntimeError: "onednn" was asked for but this torch build lacks it.
+        ValueError: an unknown backend name, or "onednn" on a torch build without it.
     """
     source = "cpu_gemm" if backend else "VLITE_CPU_GEMM"
     backend = backend or os.environ.get("VLITE_CPU_GEMM", "auto")
@@ -44,8 +43,7 @@ def resolve_cpu_gemm_backend(backend: str | None) -> str:
     if backend == "auto":
         return "onednn" if onednn_gemm_available() else "torch"
     if backend == "onednn" and not onednn_gemm_available():
-        raise RuntimeError("CPU GEMM backend 'onednn' needs a torch build with oneDNN (mkldnn); "
-                           "use 'torch' instead")
+        raise ValueError(f"{source}='onednn' needs a torch build with oneDNN (mkldnn); use 'torch' instead")
     return backend
 
 
