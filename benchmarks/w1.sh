@@ -15,6 +15,9 @@ $V bench throughput $W1 --backend hf --no-progress --output-json "$OUT/w1_fp32_h
 # 1b. vlite float32 with torch's F.linear (MKL sgemm) instead of oneDNN: what the GEMM choice is worth
 VLITE_CPU_GEMM=torch $V bench throughput $W1 --no-progress --output-json "$OUT/w1_fp32_torch_gemm.json" \
     | tee "$OUT/w1_fp32_torch_gemm.txt"
+# 1c. vlite float32 without the C++ decode kernel (gather + SDPA in torch)
+VLITE_ATTENTION_BACKEND=torch $V bench throughput $W1 --no-progress --output-json "$OUT/w1_fp32_torch_attention.json" \
+    | tee "$OUT/w1_fp32_torch_attention.txt"
 # 2. vlite bfloat16
 $V bench throughput $W1 --dtype bfloat16 --no-progress --output-json "$OUT/w1_bf16.json" | tee "$OUT/w1_bf16.txt"
 # 3. the float32 bound (FLOPs / measured matmul rate); bf16 rate for reference
@@ -22,6 +25,8 @@ $PY benchmarks/fp32_bound.py --json "$OUT/fp32_bound.json" | tee "$OUT/fp32_boun
 $PY benchmarks/fp32_bound.py --dtype bfloat16 --json "$OUT/bf16_bound.json" | tee "$OUT/bf16_bound.txt"
 # 4. bf16 vs fp32 greedy agreement
 $PY benchmarks/bf16_agreement.py --json "$OUT/bf16_agreement.json" | tee "$OUT/bf16_agreement.txt"
+# 4b. micro-benchmarks of the CPU path's pieces (GEMM, prefill and decode attention)
+$PY benchmarks/cpu_kernels.py --json "$OUT/cpu_kernels.json" | tee "$OUT/cpu_kernels.txt"
 # 5. the allocation ledger's cost
 $PY benchmarks/ledger_overhead.py --num-prompts 32 --output-len-range 16:128 --repeats 3 \
     --json "$OUT/ledger_overhead.json" | tee "$OUT/ledger_overhead.txt"

@@ -74,11 +74,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, 
     GQA as a broadcast, not ``enable_gqa``: the queries become [Hkv, G, Lq, D] (G = Hq / Hkv)
     and each KV head is expanded over its G query heads as a stride-0 view, with no copy. On
     CPU, SDPA with ``enable_gqa=True`` falls back to the math path (it materializes the
-    [Hq, Lq, Lk] scores: 55 ms for 1,024 tokens of SmolLM2, against 10.5 ms this way).
+    [Hq, Lq, Lk] scores: 45 ms for 1,024 tokens of SmolLM2, against 10 ms this way;
+    ``benchmarks/cpu_kernels.py``).
     """
     if q.dtype != torch.float32:
-        # bf16/fp16 keep SDPA's math path (enable_gqa): on W1 its greedy tokens agree with float32
-        # at 79% of positions, against 64% for the flash path and 71% for flash in float32
+        # bf16/fp16 keep SDPA's math path (enable_gqa): on W1 (benchmarks/bf16_agreement.py) its greedy
+        # tokens agree with float32 at 79% of positions, against 64% for the flash path
         return _attend_gqa_math(q, k, v, num_cached, scale)
     q_len, k_len, head_dim = q.shape[0], k.shape[0], q.shape[2]
     num_kv_heads = k.shape[1]

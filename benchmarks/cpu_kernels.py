@@ -1,0 +1,129 @@
+"""Micro-benchmarks behind the CPU-path choices in docs/benchmarks.md and docs/kernels.md.
+
+1. Linear layers (SmolLM2's shapes, float32): torch's F.linear (MKL sgemm) against vlite's
+   Linear on a oneDNN-prepacked weight, at 64 rows (a decode step); and the largest error of
+   each against float64 on a 64 x 576 x 3072 product.
+2. Prefill attention (float32, SmolLM2's 9 query / 3 KV heads): SDPA with ``enable_gqa``
+   (``torch_ref._attend_gqa_math``, the math path on CPU) against the stride-0 broadcast
+   (``torch_ref._attend``), for one chunk of L tokens with nothing cached.
+3. Decode attention (float32, 64 rows, contexts 200-400 tokens, 16-token blocks): the torch
+   path (gather + SDPA, ``torch_ref._decode_attention``) against the C++ kernel.
+
+Each timing is the best of ``--repeats`` runs of ``--iters`` calls (milliseconds per call).
+
+    .venv/bin/python benchmarks/cpu_kernels.py [--repeats 5] [--iters 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+
+def best_ms(fn, repeats: int, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, (time.perf_counter() - start) / iters)
+    return best * 1e3
+
+
+def linear_layers(repeats: int, iters: int) -> dict:
+    from vlite.engine.models.linear import Linear
+
+    shapes = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
+              "lm_head": (576, 49152)}
+    out = {}
+    for name, (k, n) in shapes.items():
+        x = torch.randn(64, k)
+        plain = Linear(k, n, bias=False)
+        packed = Linear(k, n, bias=False)
+        packed.load_state_dict(plain.state_dict())
+        packed.prepack_onednn()
+        out[name] = {"f_linear_ms": best_ms(partial(plain, x), repeats, iters),
+                     "onednn_ms": best_ms(partial(packed, x), repeats, iters)}
+    x, layer = torch.randn(64, 576), Linear(576, 3072, bias=False)
+    exact = F.linear(x.double(), layer.weight.double())
+    out["max_abs_error_vs_float64"] = {"f_linear": (layer(x).double() - exact).abs().max().item()}
+    layer.prepack_onednn()
+    out["max_abs_error_vs_float64"]["onednn"] = (layer(x).double() - exact).abs().max().item()
+    return out
+
+
+def prefill_attention(repeats: int, iters: int) -> dict:
+    from vlite.kernels import torch_ref
+
+    out = {}
+    for length in (256, 1024):
+        q, k, v = torch.randn(length, 9, 64), torch.randn(length, 3, 64), torch.randn(length, 3, 64)
+        scale = 64 ** -0.5
+        out[length] = {
+            "enable_gqa_ms": best_ms(partial(torch_ref._attend_gqa_math, q, k, v, 0, scale), repeats, iters),
+            "broadcast_ms": best_ms(partial(torch_ref._attend, q, k, v, 0, scale), repeats, iters),
+        }
+    return out
+
+
+def decode_attention(repeats: int, iters: int) -> dict:
+    from vlite.kernels import cpu_attention, torch_ref
+    from vlite.kernels.attention import AttentionMetadata
+
+    g = torch.Generator().manual_seed(0)
+    n, block_size, num_blocks = 64, 16, 4096
+    lens = torch.randint(200, 400, (n,), generator=g).tolist()
+    max_blocks = -(-max(lens) // block_size)
+    tables = torch.randperm(num_blocks, generator=g)[:n * max_blocks].view(n, max_blocks)
+    k_cache = torch.randn(num_blocks, block_size, 3, 64, generator=g)
+    v_cache = torch.randn(num_blocks, block_size, 3, 64, generator=g)
+    q = torch.randn(n, 9, 64, generator=g)
+    meta = AttentionMetadata(torch.zeros(n, dtype=torch.long), torch.arange(n + 1), torch.tensor(lens), tables, n,
+                             [1] * n, lens, block_size)
+    scale = 64 ** -0.5
+    out = {"torch_gather_sdpa_ms": best_ms(lambda: torch_ref._decode_attention(q, k_cache, v_cache, meta, scale),
+                                           repeats, iters)}
+    if cpu_attention.load() is not None:
+        out["cpp_kernel_ms"] = best_ms(
+            lambda: cpu_attention.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale),
+            repeats, iters)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    with torch.inference_mode():
+        result = {"torch_threads": torch.get_num_threads(),
+                  "linear_64_rows": linear_layers(args.repeats, args.iters),
+                  "prefill_attention": prefill_attention(args.repeats, args.iters),
+                  "decode_attention_64_rows": decode_attention(args.repeats, args.iters)}
+    for name, r in result["linear_64_rows"].items():
+        if name == "max_abs_error_vs_float64":
+            print(f"64 x 576 x 3072 max |error| vs float64: F.linear {r['f_linear']:.2e}, oneDNN {r['onednn']:.2e}")
+        else:
+            print(f"linear {name:8s} 64 rows: F.linear {r['f_linear_ms']:7.3f} ms, oneDNN {r['onednn_ms']:7.3f} ms "
+                  f"({r['f_linear_ms'] / r['onednn_ms']:.1f}x)")
+    for length, r in result["prefill_attention"].items():
+        print(f"prefill attention, {length} tokens: enable_gqa {r['enable_gqa_ms']:.2f} ms, "
+              f"broadcast {r['broadcast_ms']:.2f} ms")
+    r = result["decode_attention_64_rows"]
+    print(f"decode attention, 64 rows x 200-400 tokens: torch gather + SDPA {r['torch_gather_sdpa_ms']:.2f} ms, "
+          f"C++ kernel {r.get('cpp_kernel_ms', float('nan')):.2f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
