@@ -92,6 +92,6 @@ def test_gpu_memory_utilization_budget_subtracts_peak_and_non_torch_memory(tiny_
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: fake["reserved"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (fake["free"], fake["total"]))
     engine = make_engine(tiny_checkpoint, num_blocks=8)
-    budget = engine._profile_cuda_budget(0.9)  # runs the profile forward on CPU
+    budget = engine.model_runner.profile_cuda_budget(0.9, 16, 64)  # runs the profile forward on CPU
     non_torch = (80 - 60 - 15) * gib  # CUDA context, workspaces, other processes
     assert budget == int(0.9 * 80 * gib) - 12 * gib - non_torch

@@ -19,20 +19,17 @@ import torch
 
 from vlite.engine.beam_search import BeamState
 from vlite.engine.block_manager import BlockManager, LedgerAnomaly
-from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from vlite.engine.config import EngineConfig
 from vlite.engine.detokenizer import detokenize_incrementally, find_stop_string, init_detokenizer, stop_holdback
 from vlite.engine.faults import FaultSet
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
 from vlite.engine.metrics import EngineStats
-from vlite.engine.model_runner import ModelRunner, SequenceError, kv_cache_bytes_per_block
-from vlite.engine.models.linear import resolve_cpu_gemm_backend
-from vlite.engine.models.llama import LlamaForCausalLM
+from vlite.engine.model_runner import ModelRunner, SequenceError
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlite.engine.sampler import sample
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from vlite.engine.scheduler import Scheduler
 from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
-from vlite.kernels.attention import prepare_backend as prepare_attention_backend
 
 logger = logging.getLogger("vlite.engine")
 
@@ -121,42 +118,22 @@ class LLMEngine:
         self.dtype = _DTYPES[config.dtype]
         self.max_model_len = self._derive_max_model_len()
         torch.manual_seed(config.seed)
-        qkv_bias = any(k.endswith("q_proj.bias") for k in ckpt.state_dict)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(ckpt.config, self.max_model_len, qkv_bias=qkv_bias)
-        model = model.to_empty(device="cpu")  # skips random init: every weight comes from the checkpoint
-        if model.tie_word_embeddings:
-            model.lm_head.weight = model.embed_tokens.weight
-        model.init_rope_tables()
-        model.load_hf_state_dict(ckpt.state_dict)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.model.init_rope_tables()  # keep the rotary tables in float32 on the right device
-        self.model.cos_table = self.model.cos_table.to(self.device)
-        self.model.sin_table = self.model.sin_table.to(self.device)
-        # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
-        logger.info("attention: %s", prepare_attention_backend(self.device))
-        self.cpu_gemm = resolve_cpu_gemm_backend(config.cpu_gemm) if self.device.type == "cpu" else None
-        if self.cpu_gemm == "onednn":
-            self.model.prepack_cpu_gemm()
-        if self.cpu_gemm:
-            logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=onednn|torch|auto)", self.cpu_gemm)
+        self.model_runner = ModelRunner(ckpt, self.max_model_len, self.device, self.dtype, cpu_gemm=config.cpu_gemm,
+                                        faults=self.faults, seed=config.seed)
+        self.model = self.model_runner.model
+        self.cpu_gemm = self.model_runner.cpu_gemm
         self.eos_token_ids = self._eos_token_ids()
 
         cache = config.cache
         self.block_size = cache.block_size
-        self.bytes_per_block = kv_cache_bytes_per_block(self.model, cache.block_size, self.dtype)
-        num_blocks = cache.num_blocks or self._size_kv_cache()
+        self.bytes_per_block = self.model_runner.kv_cache_bytes_per_block(cache.block_size)
+        num_blocks = self.model_runner.determine_num_blocks(cache, config.scheduler.max_num_batched_tokens)
+        self.model_runner.initialize_kv_cache(num_blocks, cache.block_size,
+                                              max_num_seqs=config.scheduler.max_num_seqs,
+                                              enforce_eager=config.enforce_eager)
         self.block_manager = BlockManager(num_blocks, cache.block_size, enable_ledger=config.enable_ledger,
                                           faults=self.faults, enable_prefix_caching=cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults)
-        self.model_runner = ModelRunner(self.model, num_blocks, cache.block_size, self.device, self.dtype,
-                                        self.faults, seed=config.seed)
-        if self.device.type == "cuda" and not config.enforce_eager:
-            from vlite.engine.cuda_graphs import capture_decode_graphs
-
-            self.model_runner.cuda_graphs = capture_decode_graphs(
-                self.model, self.model_runner.kv_caches, cache.block_size, config.scheduler.max_num_seqs,
-                self.max_model_len, self.device)
         self._records: dict[int, RequestRecord] = {}
         self._groups: dict[str, RequestGroup] = {}
         self._finished_order: OrderedDict[int, None] = OrderedDict()
@@ -182,38 +159,6 @@ class LLMEngine:
             elif isinstance(src, (list, tuple)):
                 ids.update(int(i) for i in src)
         return frozenset(ids)
-
-    def _size_kv_cache(self) -> int:
-        """Blocks from the byte budget (CPU) or from free device memory after a profile run (CUDA)."""
-        cache = self.config.cache
-        if self.device.type == "cuda":
-            budget = self._profile_cuda_budget(cache.gpu_memory_utilization)
-        else:
-            budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-        num_blocks = budget // self.bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {self.bytes_per_block} bytes")
-        return int(num_blocks)
-
-    def _profile_cuda_budget(self, utilization: float) -> int:
-        """Bytes for the KV cache: utilization * total, less torch's peak over a max-size
-        forward (weights + activations) and the memory torch's allocator does not hold (CUDA
-        context, library workspaces, other processes). The decode CUDA graphs, captured
-        afterwards, live in the remaining 1 - utilization."""
-        torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
-        num_blocks = -(-tokens // self.block_size)
-        runner = ModelRunner(self.model, num_blocks, self.block_size, self.device, self.dtype)
-        seq = Sequence("profile", None, [0] * tokens, SamplingParams(max_tokens=1, temperature=0),
-                       RequestOrigin("profile", route="profile"))
-        table = list(range(num_blocks))
-        runner.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)]), {seq.seq_id: table})
-        peak = torch.cuda.max_memory_allocated(self.device)
-        del runner
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
-        return int(total * utilization - peak - non_torch)
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, prompt: str | None = None, sampling_params: SamplingParams | None = None, *,

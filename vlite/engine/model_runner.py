@@ -1,4 +1,10 @@
-"""Model runner: packs a scheduled step into flat tensors, runs one forward, samples.
+"""Model runner: owns the model and its KV cache; packs a scheduled step into flat tensors,
+runs one forward, samples.
+
+Set-up, in vLLM's worker order: build and load the model (``__init__``), size the KV cache
+(``determine_num_blocks``: a byte budget on CPU, a profile forward on CUDA), then allocate it
+and capture the decode CUDA graphs (``initialize_kv_cache``). Nothing here reads the block
+manager: block tables arrive with each step.
 
 Per step it builds (T = scheduled tokens, B = scheduled sequences, decodes first):
   input_ids [T] int64, positions [T] int64, slot_mapping [T] int64,
@@ -8,16 +14,24 @@ and computes logits only for the last token of each sequence whose chunk reaches
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
 from vlite.engine.faults import FaultSet
+from vlite.engine.loader import LoadedCheckpoint
+from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.sampler import SamplerOutput, sample
-from vlite.engine.scheduler import SchedulerOutput
-from vlite.engine.sequence import Sequence
+from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
+from vlite.engine.sequence import RequestOrigin, Sequence
 from vlite.kernels.attention import AttentionMetadata
+from vlite.kernels.attention import prepare_backend as prepare_attention_backend
+
+logger = logging.getLogger("vlite.engine")
 
 
 class SequenceError(RuntimeError):
@@ -44,28 +58,126 @@ def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: to
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
+def build_model(checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device,
+                dtype: torch.dtype) -> LlamaForCausalLM:
+    """The checkpoint's weights in a ``LlamaForCausalLM`` on ``device`` in ``dtype``, eval mode
+    (rotary tables stay float32). Weights are built on the meta device first: no random init."""
+    qkv_bias = any(k.endswith("q_proj.bias") for k in checkpoint.state_dict)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(checkpoint.config, max_model_len, qkv_bias=qkv_bias)
+    model = model.to_empty(device="cpu")  # skips random init: every weight comes from the checkpoint
+    if model.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.init_rope_tables()
+    model.load_hf_state_dict(checkpoint.state_dict)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.init_rope_tables()  # keep the rotary tables in float32 on the right device
+    model.cos_table = model.cos_table.to(device)
+    model.sin_table = model.sin_table.to(device)
+    return model
+
+
 class ModelRunner:
     """Runs the model over the paged KV cache.
 
     Args:
-        model: the loaded model (already on ``device`` in ``dtype``).
-        num_blocks, block_size: KV cache geometry; the cache is allocated here,
-            one (K, V) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+        checkpoint: the loaded weights and config; the model is built here.
+        max_model_len: longest sequence, tokens (sizes the rotary tables).
+        device, dtype: where and in which precision the model and the KV cache live.
+        cpu_gemm: CPU linear-layer GEMM ("onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
+        faults: planted faults for the leak checker's self-test.
+
+    The KV cache is allocated by ``initialize_kv_cache``: one (K, V) pair per layer, each
+    [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
+
+    Raises:
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND`` or CPU GEMM choice.
     """
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, faults: FaultSet | None = None, seed: int = 0) -> None:
-        self.model = model
-        self.block_size = block_size
+    def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
+                 *, cpu_gemm: str | None = None, faults: FaultSet | None = None, seed: int = 0) -> None:
         self.device = device
         self.dtype = dtype
+        self.max_model_len = max_model_len
         self.faults = faults or FaultSet()
-        self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), set by LLMEngine on CUDA
-        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(model.num_layers)]
+        self.model = build_model(checkpoint, max_model_len, device, dtype)
+        # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
+        logger.info("attention: %s", prepare_attention_backend(device))
+        self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm) if device.type == "cpu" else None
+        if self.cpu_gemm == "onednn":
+            self.model.prepack_cpu_gemm()
+        if self.cpu_gemm:
+            logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=onednn|torch|auto)", self.cpu_gemm)
+        self.block_size = 0
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), on CUDA only
         self.generator = torch.Generator().manual_seed(seed)
 
+    # ---- set-up --------------------------------------------------------------------------
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        """Bytes one physical block of ``block_size`` tokens takes across all layers' K and V."""
+        return kv_cache_bytes_per_block(self.model, block_size, self.dtype)
+
+    def determine_num_blocks(self, cache: CacheConfig, max_num_batched_tokens: int) -> int:
+        """Blocks the KV cache gets: ``cache.num_blocks`` if set, else a byte budget
+        (``kv_cache_memory_bytes`` on CPU, free memory after a profile forward on CUDA)
+        divided by the bytes per block.
+
+        Raises:
+            ValueError: the budget holds no block.
+        """
+        if cache.num_blocks:
+            return cache.num_blocks
+        per_block = self.kv_cache_bytes_per_block(cache.block_size)
+        if self.device.type == "cuda":
+            budget = self.profile_cuda_budget(cache.gpu_memory_utilization, cache.block_size,
+                                              max_num_batched_tokens)
+        else:
+            budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {per_block} bytes")
+        return int(num_blocks)
+
+    def profile_cuda_budget(self, utilization: float, block_size: int, max_num_batched_tokens: int) -> int:
+        """Bytes for the KV cache: utilization * total, less torch's peak over a max-size
+        forward (weights + activations) and the memory torch's allocator does not hold (CUDA
+        context, library workspaces, other processes). The decode CUDA graphs, captured
+        afterwards, live in the remaining 1 - utilization."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+        tokens = min(max_num_batched_tokens, self.max_model_len)
+        num_blocks = -(-tokens // block_size)
+        kept = self.kv_caches, self.block_size
+        self._allocate_kv_caches(num_blocks, block_size)  # a throwaway cache just big enough
+        seq = Sequence("profile", None, [0] * tokens, SamplingParams(max_tokens=1, temperature=0),
+                       RequestOrigin("profile", route="profile"))
+        self.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)]), {seq.seq_id: list(range(num_blocks))})
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches, self.block_size = kept
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        return int(total * utilization - peak - non_torch)
+
+    def _allocate_kv_caches(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        shape = (num_blocks, block_size, self.model.num_kv_heads, self.model.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(self.model.num_layers)]
+
+    def initialize_kv_cache(self, num_blocks: int, block_size: int, *, max_num_seqs: int,
+                            enforce_eager: bool = False) -> None:
+        """Allocate the KV cache; on CUDA (unless ``enforce_eager``) capture the decode graphs,
+        which read this cache."""
+        self._allocate_kv_caches(num_blocks, block_size)
+        if self.device.type == "cuda" and not enforce_eager:
+            from vlite.engine.cuda_graphs import capture_decode_graphs
+
+            self.cuda_graphs = capture_decode_graphs(self.model, self.kv_caches, block_size, max_num_seqs,
+                                                     self.max_model_len, self.device)
+
+    # ---- one step ------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput, block_tables: dict[int, list[int]]):
         """Flatten the step. Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
         bs = self.block_size
@@ -147,4 +259,4 @@ class ModelRunner:
         return StepResult(sampled, sample(logits, sampled, self.generator), raw)
 
 
-__all__ = ["ModelRunner", "SequenceError", "StepResult", "kv_cache_bytes_per_block"]
+__all__ = ["ModelRunner", "SequenceError", "StepResult", "build_model", "kv_cache_bytes_per_block"]
