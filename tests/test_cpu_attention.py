@@ -60,11 +60,34 @@ def test_kernel_equals_torch_path(kernel, lens, num_heads, num_kv_heads, head_di
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("lens,num_heads,num_kv_heads,head_dim,block_size", [
+    ([1, 2, 15, 16, 17, 33, 100], 9, 3, 64, 16),
+    ([300, 7, 64, 129], 8, 1, 128, 16),
+])
+def test_bfloat16_kernel_equals_float32_math_on_the_same_values(kernel, lens, num_heads, num_kv_heads, head_dim,
+                                                                block_size):
+    """bfloat16 in, float32 sums inside: the result is the float32 attention of the bfloat16
+    values, rounded once to bfloat16 (at most half a bfloat16 ulp away, rtol 2**-8)."""
+    q, k_cache, v_cache, meta = _decode_case(7, lens, num_heads, num_kv_heads, head_dim, block_size)
+    q, k_cache, v_cache = q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16()
+    assert cpu_attention.supports(q, k_cache)
+    scale = head_dim ** -0.5
+    exact = torch_ref._decode_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale)
+    out = cpu_attention.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.float(), exact, rtol=2 ** -8, atol=1e-6)
+    # and it is closer to the exact result than the torch path computed in bfloat16
+    torch_bf16 = torch_ref._decode_attention(q, k_cache, v_cache, meta, scale).float()
+    assert (out.float() - exact).abs().mean() <= (torch_bf16 - exact).abs().mean()
+
+
 def test_supports_only_what_the_kernel_takes():
     q = torch.zeros(2, 9, 64)
     cache = torch.zeros(4, 16, 3, 64)
     assert cpu_attention.supports(q, cache)
-    assert not cpu_attention.supports(q.bfloat16(), cache.bfloat16())  # float32 only
+    assert cpu_attention.supports(q.bfloat16(), cache.bfloat16())
+    assert not cpu_attention.supports(q.half(), cache.half())  # float32 and bfloat16 only
+    assert not cpu_attention.supports(q, cache.bfloat16())  # query and cache alike
     assert not cpu_attention.supports(torch.zeros(2, 9, 24), torch.zeros(4, 16, 3, 24))  # head_dim % 16
     assert not cpu_attention.supports(torch.zeros(2, 16, 64), torch.zeros(4, 16, 1, 64))  # 16 heads per KV head
     assert not cpu_attention.supports(q, cache.transpose(1, 2).contiguous().transpose(1, 2))  # not contiguous

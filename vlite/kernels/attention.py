@@ -108,7 +108,7 @@ def prepare_backend(device: torch.device | str) -> str:
         from vlite.kernels import cpu_attention
 
         if cpu_attention.load() is not None:
-            return "C++ CPU kernel for float32 decodes, torch for the rest"
+            return "C++ CPU kernel for float32 and bfloat16 decodes, torch for the rest"
     return backend if backend == "triton" else "torch"
 
 

@@ -7,8 +7,8 @@ well under a second. The build needs a C++ compiler and ninja (a dependency of v
 cannot be built, ``load()`` logs why once and returns None, and the torch path
 (``torch_ref``) does all the attention.
 
-Only float32 decodes go through the kernel; prefill chunks, other dtypes and head shapes it does
-not take stay on the torch path (``supports``).
+Only float32 and bfloat16 decodes go through the kernel; prefill chunks, other dtypes and head
+shapes it does not take stay on the torch path (``supports``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ logger = logging.getLogger("vlite.kernels")
 _SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
 _lock = threading.Lock()
 _state: dict = {}
+_DTYPES = (torch.float32, torch.bfloat16)  # what the kernel takes
 
 
 def _cpu_tag() -> str:
@@ -48,7 +49,10 @@ def load():
 
 
 def _build():
-    name = f"vlite_cpu_paged_attention_{_cpu_tag()}"
+    # the source's hash in the name: two checkouts of different versions on one machine each keep
+    # their own build instead of rebuilding over each other
+    source_tag = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:8]
+    name = f"vlite_cpu_paged_attention_{_cpu_tag()}_{source_tag}"
     try:
         from torch.utils.cpp_extension import load as load_extension
 
@@ -75,19 +79,21 @@ def _already_built(name: str) -> bool:
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether ``paged_decode`` takes these tensors: CPU float32, contiguous caches, head_dim a
-    multiple of 16 up to 256, at most 8 query heads per KV head."""
+    """Whether ``paged_decode`` takes these tensors: CPU float32 or bfloat16 (query and cache
+    alike), contiguous caches, head_dim a multiple of 16 up to 256, at most 8 query heads per
+    KV head."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[2]
-    return (query.device.type == "cpu" and query.dtype == torch.float32 and k_cache.dtype == torch.float32
+    return (query.device.type == "cpu" and query.dtype in _DTYPES and k_cache.dtype == query.dtype
             and k_cache.is_contiguous() and head_dim % 16 == 0 and head_dim <= 256
             and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 8)
 
 
 def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """query [n, Hq, D] float32, one token per sequence, over its first seq_lens[i] cached
-    tokens of block_tables[i] ([n, max_blocks] int64); returns [n, Hq, D].
+    """query [n, Hq, D] float32 or bfloat16 (the caches' dtype), one token per sequence, over
+    its first seq_lens[i] cached tokens of block_tables[i] ([n, max_blocks] int64); returns
+    [n, Hq, D] in the query's dtype (float32 accumulation either way).
 
     Raises:
         RuntimeError: the kernel is not built (call ``load()`` first) or the tensors break its

@@ -1,5 +1,7 @@
-// Paged decode attention for CPU, float32: one query token per sequence over its cached K/V,
-// read straight from the blocks through the block table (no gather into a padded batch).
+// Paged decode attention for CPU, float32 or bfloat16: one query token per sequence over its
+// cached K/V, read straight from the blocks through the block table (no gather into a padded
+// batch). bfloat16 inputs are widened to float32 on load (a 16-bit shift) and every sum is
+// float32, as in SDPA's CPU math; only the output is rounded back to bfloat16.
 //
 // Layout (vlite/kernels/attention.py): q [n, Hq, D]; k_cache, v_cache [num_blocks, block_size,
 // Hkv, D] contiguous; block_tables [n, max_blocks] int64; seq_lens [n] int64 (tokens).
@@ -22,8 +24,23 @@ namespace {
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+
 inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof(v)); return v; }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
+// bfloat16 -> float32 is exact: the 16 bits become the high half of the float.
+inline v16 load16(const at::BFloat16* p) {
+  v16u16 h;
+  std::memcpy(&h, p, sizeof(h));
+  v16i w = __builtin_convertvector(h, v16i) << 16;
+  v16 v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+}
+// float32 -> bfloat16 rounds to nearest even (c10::BFloat16's conversion).
+inline void store16(at::BFloat16* p, v16 v) {
+  for (int l = 0; l < 16; ++l) p[l] = at::BFloat16(v[l]);
+}
 inline v16 splat(float x) { return v16{} + x; }
 
 inline float hsum(v16 v) {
@@ -57,8 +74,9 @@ inline v16 exp16(v16 x) {
 constexpr int kMaxGroup = 8;
 constexpr int kMaxDimVecs = 16;  // head_dim <= 256
 
-void decode_f32(const float* q, const float* kc, const float* vc, const int64_t* bt, const int64_t* lens,
-                float* out, int64_t n, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride,
+template <typename T>
+void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* lens,
+                T* out, int64_t n, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride,
                 float scale) {
   const int64_t group = hq / hkv, dv = dim / 16, slot_stride = hkv * dim;
   at::parallel_for(0, n * hkv, 1, [&](int64_t begin, int64_t end) {
@@ -72,13 +90,13 @@ void decode_f32(const float* q, const float* kc, const float* vc, const int64_t*
       const int64_t padded = (len + 15) / 16 * 16;
       scores.assign(group * padded, -INFINITY);
       // each cached token's [D] row of this KV head, in order, through the block table
-      auto for_each_token = [&](const float* cache, auto&& visit) {
+      auto for_each_token = [&](const T* cache, auto&& visit) {
         for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, ++blk) {
-          const float* block = cache + table[blk] * bs * slot_stride + h * dim;
+          const T* block = cache + table[blk] * bs * slot_stride + h * dim;
           for (int64_t o = 0, stop = std::min(bs, len - t0); o < stop; ++o) visit(t0 + o, block + o * slot_stride);
         }
       };
-      for_each_token(kc, [&](int64_t t, const float* k) {
+      for_each_token(kc, [&](int64_t t, const T* k) {
         v16 kv[kMaxDimVecs];
         for (int64_t j = 0; j < dv; ++j) kv[j] = load16(k + j * 16);
         for (int64_t g = 0; g < group; ++g) {
@@ -106,7 +124,7 @@ void decode_f32(const float* q, const float* kc, const float* vc, const int64_t*
       v16 acc[kMaxGroup][kMaxDimVecs];
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) acc[g][j] = splat(0.f);
-      for_each_token(vc, [&](int64_t t, const float* v) {
+      for_each_token(vc, [&](int64_t t, const T* v) {
         v16 vv[kMaxDimVecs];
         for (int64_t j = 0; j < dv; ++j) vv[j] = load16(v + j * 16);
         for (int64_t g = 0; g < group; ++g) {
@@ -127,8 +145,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
                            torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
   auto out = torch::empty_like(q);
   const int64_t n = q.size(0), hq = q.size(1), d = q.size(2), bs = k_cache.size(1), hkv = k_cache.size(2);
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat, "paged_decode: float32 only");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && k_cache.scalar_type() == dtype &&
+              v_cache.scalar_type() == dtype, "paged_decode: float32 or bfloat16, the same for q and the caches");
   TORCH_CHECK(d % 16 == 0 && d <= 16 * kMaxDimVecs && hq % hkv == 0 && hq / hkv <= kMaxGroup,
               "paged_decode: head_dim must be a multiple of 16 up to 256, with at most 8 query heads per KV head");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -137,12 +156,18 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
               "paged_decode: contiguous q and caches, int64 block tables and seq_lens");
   TORCH_CHECK(k_cache.size(3) == d && v_cache.sizes() == k_cache.sizes() && seq_lens.size(0) == n &&
               block_tables.size(0) >= n, "paged_decode: shapes do not match");
-  decode_f32(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
-             seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(), n, hq, hkv, d, bs, block_tables.stride(0),
-             static_cast<float>(scale));
+  if (dtype == at::kFloat)
+    decode<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                  block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(), n, hq, hkv, d,
+                  bs, block_tables.stride(0), static_cast<float>(scale));
+  else
+    decode<at::BFloat16>(q.data_ptr<at::BFloat16>(), k_cache.data_ptr<at::BFloat16>(),
+                         v_cache.data_ptr<at::BFloat16>(), block_tables.data_ptr<int64_t>(),
+                         seq_lens.data_ptr<int64_t>(), out.data_ptr<at::BFloat16>(), n, hq, hkv, d, bs,
+                         block_tables.stride(0), static_cast<float>(scale));
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (float32, CPU)");
+  m.def("paged_decode", &paged_decode, "paged decode attention (float32 or bfloat16, CPU)");
 }
