@@ -5,14 +5,70 @@ objects) plus vLLM's sampling extras (top_k, min_p, repetition_penalty, min_toke
 ignore_eos, stop_token_ids) and its /tokenize and /detokenize routes. Request models accept
 unknown fields (OpenAI clients send new ones all the time) and the server logs them as
 ignored; a known field of the wrong type is a 400.
+
+Every field carries its bounds here, so that a value out of range is a 400 naming the field
+before anything is tokenized, and the OpenAPI document (``/openapi.json``) states them:
+text must be valid Unicode (a lone surrogate such as ``"\ud800"`` is refused), integers are
+not booleans, floats are finite. Bounds that depend on the loaded model (the vocabulary for
+token ids, ``max_model_len`` for ``max_tokens``, ``--max-n`` for ``n``) are checked by the
+handlers (``vlite.entrypoints.serving``). The numbers are listed in docs/serve.md.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from vlite.engine.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ABS_LENGTH_PENALTY,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+)
+
+
+def check_unicode(value: str) -> str:
+    """Refuse text that cannot be encoded as UTF-8: a lone surrogate (JSON ``"\ud800"``, or the
+    raw bytes ED A0 80, which Python's JSON decoder turns into one). Tokenizers, the chat
+    template and the JSON encoder of the response all fail on such text.
+
+    Raises:
+        ValueError: naming the position of the first bad character.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: character {exc.start} is a lone surrogate "
+                         f"({ascii(value[exc.start])}); send UTF-8 text") from None
+    return value
+
+
+def _not_bool(value):
+    """JSON ``true``/``false`` must not be read as 1/0 (pydantic's lax mode would)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+def Int(**bounds):  # noqa: N802 - used like a type: Int(ge=1)
+    """An integer field with bounds (``ge``, ``le``, ...) that refuses booleans. The bounds come
+    first so that they reach the JSON schema as ``minimum``/``maximum``."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_not_bool)]
+
+
+def Float(**bounds):  # noqa: N802 - used like a type: Float(ge=0.0)
+    """A finite float field with bounds that refuses booleans (JSON's Infinity/NaN are refused)."""
+    return Annotated[float, Field(allow_inf_nan=False, **bounds), BeforeValidator(_not_bool)]
+
+
+Text = Annotated[str, AfterValidator(check_unicode)]
+TokenId = Int(ge=0)
 
 
 class OpenAIBase(BaseModel):
@@ -43,62 +99,67 @@ class StreamOptions(OpenAIBase):
 class SamplingRequest(OpenAIBase):
     """Fields common to /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
-    model: str | None = None
-    n: int = 1
+    model: Text | None = None
+    n: Int(ge=1) = 1  # and <= --max-n (checked by the handler)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    temperature: Float(ge=0.0, le=MAX_TEMPERATURE) | None = None  # 0 or >= 0.01
+    top_p: Float(gt=0.0, le=1.0) | None = None
+    stop: Text | list[Text] | None = None
+    seed: Int(ge=INT64_MIN, le=INT64_MAX) | None = None
+    presence_penalty: Float(ge=-2.0, le=2.0) | None = None
+    frequency_penalty: Float(ge=-2.0, le=2.0) | None = None
+    logit_bias: dict[str, float] | None = None  # refused (400) when not empty
+    user: Text | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int = 0
+    top_k: Int(ge=-1, le=MAX_TOP_K) | None = None
+    min_p: Float(ge=0.0, le=1.0) | None = None
+    repetition_penalty: Float(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY) | None = None
+    min_tokens: Int(ge=0) = 0  # and <= max_tokens
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None  # and < the vocabulary size
     # Beam search, in vLLM's older OpenAI-server style: use_beam_search + best_of (beam width,
     # default n) + length_penalty; returns the n best beams. best_of without beam search must
     # equal n (OpenAI's best_of sampling is not supported).
-    best_of: int | None = None
+    best_of: Int(ge=1) | None = None  # and <= --max-n
     use_beam_search: bool = False
-    length_penalty: float | None = None
+    length_penalty: Float(ge=-MAX_ABS_LENGTH_PENALTY, le=MAX_ABS_LENGTH_PENALTY) | None = None
 
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. ``prompt``: a string, a list of strings, token ids, or lists of ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Int(ge=1) | None = 16  # and <= max_model_len
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
 
 
 class TextContentPart(OpenAIBase):
-    type: str
-    text: str | None = None
+    type: Text
+    text: Text | None = None
+
+
+# The roles every chat template renders. "tool" and "function" messages answer tool calls,
+# which this server does not make (``tools`` is refused), so they are refused too.
+ChatRole = Literal["system", "user", "assistant"]
 
 
 class ChatMessage(OpenAIBase):
-    role: str
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
+    role: ChatRole
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
 
 
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions; the prompt is the model's chat template over ``messages``."""
 
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int(ge=1) | None = None  # and <= max_model_len
+    max_completion_tokens: Int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     tools: list[dict] | None = None
     add_generation_prompt: bool = True  # vLLM extra
 
@@ -106,16 +167,29 @@ class ChatCompletionRequest(SamplingRequest):
 class TokenizeRequest(OpenAIBase):
     """POST /tokenize: either ``prompt`` or ``messages`` (vLLM's shape)."""
 
-    model: str | None = None
-    prompt: str | None = None
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(OpenAIBase):
-    model: str | None = None
-    tokens: list[int]
+    model: Text | None = None
+    tokens: list[TokenId]  # and < the vocabulary size
+
+
+def _field_names(*models: type[BaseModel]) -> frozenset[str]:
+    names: set[str] = set()
+    for model in models:
+        names.update(model.model_fields)
+    return frozenset(names)
+
+
+# Every field name a request body can hold: the error handler keeps these (and list indices)
+# from a validation error's location and drops pydantic's union-member tags ("str", "list[int]").
+REQUEST_FIELD_NAMES = _field_names(StreamOptions, CompletionRequest, ChatCompletionRequest, TextContentPart,
+                                   ChatMessage, TokenizeRequest, DetokenizeRequest)
 
 
 # ---- responses --------------------------------------------------------------------------------
@@ -206,6 +280,20 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class ModelCard(BaseModel):
