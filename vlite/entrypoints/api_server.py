@@ -68,7 +68,10 @@ def _errors(*statuses: int) -> dict:
 
 
 _COMMON_ERRORS = (400, 401, 413, 503)
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}  # with "stream": true
+# With "stream": true. Before OpenAPI 3.2 the schema of an event stream describes one event.
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "one JSON chunk (or an error object), or [DONE] last"}}}}}
 
 
 def _exact_integer_bounds(node) -> None:
@@ -86,16 +89,45 @@ def _exact_integer_bounds(node) -> None:
             _exact_integer_bounds(value)
 
 
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's document, without the 422 it adds to body routes (this server answers 400)."""
+def _runtime_bounds(doc: dict, state: ServerState) -> None:
+    """Write the bounds known once the model is loaded into the request schemas: ``n`` and
+    ``best_of`` <= --max-n, ``max_tokens`` <= max_model_len, token ids < the vocabulary size."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    vocab = state.engine.engine.hf_config.vocab_size
+
+    def bound(node, maximum: int) -> None:  # the integer member of a field's schema (or its anyOf)
+        for member in [node, *node.get("anyOf", [])]:
+            if member.get("type") == "integer":
+                member["maximum"] = maximum
+            elif member.get("type") == "array":
+                bound(member["items"], maximum)
+
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas.get(name, {}).get("properties", {})
+        for field, maximum in (("n", state.settings.max_n), ("best_of", state.settings.max_n),
+                               ("max_tokens", state.max_model_len), ("max_completion_tokens", state.max_model_len),
+                               ("stop_token_ids", vocab - 1), ("prompt", vocab - 1)):
+            if field in props:
+                bound(props[field], maximum)
+    if "tokens" in schemas.get("DetokenizeRequest", {}).get("properties", {}):
+        bound(schemas["DetokenizeRequest"]["properties"]["tokens"], vocab - 1)
+
+
+def _openapi(app: FastAPI, state: ServerState) -> dict:
+    """FastAPI's document, without the 422 it adds to body routes (this server answers 400), with
+    exact integer bounds and, once the model is loaded, the bounds that depend on it."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         _exact_integer_bounds(doc)
+        if state.engine is not None:
+            _runtime_bounds(doc, state)
         for operations in doc.get("paths", {}).values():
             for operation in operations.values():
                 operation.get("responses", {}).pop("422", None)
         for name in ("HTTPValidationError", "ValidationError"):
             doc.get("components", {}).get("schemas", {}).pop(name, None)
+        if state.engine is None:  # not loaded yet: do not cache a document without the model's bounds
+            return doc
         app.openapi_schema = doc
     return app.openapi_schema
 
@@ -150,7 +182,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
             state._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: _openapi(app, state)
     app.state.server = state
     install_error_handlers(app)
     # Added innermost first: the request id wraps everything, so every response echoes it.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool
 
 from vlite.engine.sampling_params import (
     INT64_MAX,
@@ -56,18 +56,33 @@ def _not_bool(value):
     return value
 
 
+def _integer(value):
+    """An integer, not a boolean; 3.0 is the integer 3 (JSON Schema's "integer" includes it)."""
+    value = _not_bool(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Strict types: the value must have the JSON type the schema states. Pydantic's lax mode would
+# read "5" or 5.0 as the integer 5, 0/1 as booleans and true as 1, which a schema-driven client
+# (or fuzzer) rightly calls accepting invalid data.
 def Int(**bounds):  # noqa: N802 - used like a type: Int(ge=1)
-    """An integer field with bounds (``ge``, ``le``, ...) that refuses booleans. The bounds come
-    first so that they reach the JSON schema as ``minimum``/``maximum``."""
-    return Annotated[int, Field(**bounds), BeforeValidator(_not_bool)]
+    """A strict integer field with bounds (``ge``, ``le``, ...); a boolean gets its own message.
+    The bounds come before the validator so that they reach the JSON schema as ``minimum``/``maximum``."""
+    return Annotated[int, Strict(), Field(**bounds), BeforeValidator(_integer)]
 
 
 def Float(**bounds):  # noqa: N802 - used like a type: Float(ge=0.0)
-    """A finite float field with bounds that refuses booleans (JSON's Infinity/NaN are refused)."""
-    return Annotated[float, Field(allow_inf_nan=False, **bounds), BeforeValidator(_not_bool)]
+    """A finite float field with bounds (an integer is accepted; JSON's Infinity/NaN and booleans are not)."""
+    return Annotated[float, Strict(), Field(allow_inf_nan=False, **bounds), BeforeValidator(_not_bool)]
+
+
+Bool = StrictBool
 
 
 Text = Annotated[str, AfterValidator(check_unicode)]
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(check_unicode)]
 TokenId = Int(ge=0)
 
 
@@ -93,7 +108,7 @@ class ErrorResponse(BaseModel):
 
 # ---- shared request fields --------------------------------------------------------------------
 class StreamOptions(OpenAIBase):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class SamplingRequest(OpenAIBase):
@@ -101,39 +116,41 @@ class SamplingRequest(OpenAIBase):
 
     model: Text | None = None
     n: Int(ge=1) = 1  # and <= --max-n (checked by the handler)
-    stream: bool = False
+    stream: Bool = False
     stream_options: StreamOptions | None = None
     temperature: Float(ge=0.0, le=MAX_TEMPERATURE) | None = None  # 0 or >= 0.01
     top_p: Float(gt=0.0, le=1.0) | None = None
-    stop: Text | list[Text] | None = None
+    stop: NonEmptyText | list[NonEmptyText] | None = None
     seed: Int(ge=INT64_MIN, le=INT64_MAX) | None = None
     presence_penalty: Float(ge=-2.0, le=2.0) | None = None
     frequency_penalty: Float(ge=-2.0, le=2.0) | None = None
-    logit_bias: dict[str, float] | None = None  # refused (400) when not empty
+    logit_bias: dict[str, float] | None = Field(None, json_schema_extra={"maxProperties": 0})  # refused if not empty
     user: Text | None = None
     # vLLM's extras
     top_k: Int(ge=-1, le=MAX_TOP_K) | None = None
     min_p: Float(ge=0.0, le=1.0) | None = None
     repetition_penalty: Float(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY) | None = None
     min_tokens: Int(ge=0) = 0  # and <= max_tokens
-    ignore_eos: bool = False
+    ignore_eos: Bool = False
     stop_token_ids: list[TokenId] | None = None  # and < the vocabulary size
     # Beam search, in vLLM's older OpenAI-server style: use_beam_search + best_of (beam width,
     # default n) + length_penalty; returns the n best beams. best_of without beam search must
     # equal n (OpenAI's best_of sampling is not supported).
     best_of: Int(ge=1) | None = None  # and <= --max-n
-    use_beam_search: bool = False
+    use_beam_search: Bool = False
     length_penalty: Float(ge=-MAX_ABS_LENGTH_PENALTY, le=MAX_ABS_LENGTH_PENALTY) | None = None
 
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. ``prompt``: a string, a list of strings, token ids, or lists of ids."""
 
-    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
-    max_tokens: Int(ge=1) | None = 16  # and <= max_model_len
+    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)]
+             | Annotated[list[TokenId], Field(min_length=1)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    max_tokens: Int(ge=1) | None = 16  # and <= max_model_len; null means 16 (OpenAI's default)
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
-    echo: bool = False
-    suffix: Text | None = None
+    echo: Bool = Field(False, json_schema_extra={"enum": [False]})  # refused (400) when true
+    suffix: Text | None = Field(None, json_schema_extra={"maxLength": 0})  # refused (400) when not empty
 
 
 class TextContentPart(OpenAIBase):
@@ -155,13 +172,13 @@ class ChatMessage(OpenAIBase):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions; the prompt is the model's chat template over ``messages``."""
 
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Int(ge=1) | None = None  # and <= max_model_len
     max_completion_tokens: Int(ge=1) | None = None
-    logprobs: bool = False
+    logprobs: Bool = False
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
-    tools: list[dict] | None = None
-    add_generation_prompt: bool = True  # vLLM extra
+    tools: list[dict] | None = Field(None, json_schema_extra={"maxItems": 0})  # refused (400) if not empty
+    add_generation_prompt: Bool = True  # vLLM extra
 
 
 class TokenizeRequest(OpenAIBase):
@@ -169,9 +186,9 @@ class TokenizeRequest(OpenAIBase):
 
     model: Text | None = None
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: Bool = True
+    add_generation_prompt: Bool = True
 
 
 class DetokenizeRequest(OpenAIBase):

@@ -99,7 +99,7 @@ async def create_completion(req: CompletionRequest, request: Request, state: Ser
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.max_tokens is None:
-        raise APIError(400, "max_tokens must be an integer >= 1, got None", param="max_tokens")
+        req.max_tokens = 16  # OpenAI: "integer or null, defaults to 16"
     items = _prompts(req)
     check_limits(state, req, req.max_tokens, len(items))
     params = sampling_params(req, req.max_tokens, req.logprobs)
