@@ -83,6 +83,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     path = _field_path(best.get("loc", ()))
     param = ".".join(path) or None
     msg = best.get("msg", "invalid value").removeprefix("Value error, ")
+    if best.get("type") == "string_unicode":  # pydantic's own check of constrained strings
+        msg = "text is not valid Unicode (it holds a lone surrogate); send UTF-8 text"
     value = best.get("input")
     if isinstance(value, (int, float, str)) and best.get("type") != "missing":
         shown = ascii(value)
