@@ -87,7 +87,7 @@ still_open = 0
 for s in socks:
     try:
         still_open += s.recv(10) != b""
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         still_open += 1
     except ConnectionResetError:
         pass

@@ -370,7 +370,7 @@ def _closed_by_server(s: socket.socket, within: float) -> bool:
     s.settimeout(within)
     try:
         return s.recv(1024) == b""
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True
