@@ -408,6 +408,28 @@ def test_limit_concurrency_refuses_new_requests_with_503(server):
         time.sleep(0.1)
 
 
+def test_unhandled_exception_is_500_with_connection_close():
+    """Starlette re-raises an unhandled exception after the 500 and uvicorn drops the connection:
+    the 500 must say ``Connection: close`` (in-process app, no server needed)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from vlite.entrypoints.errors import install_error_handlers
+    from vlite.entrypoints.middleware import RequestIdMiddleware
+
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("a bug")
+
+    r = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert r.status_code == 500 and r.headers["connection"] == "close"
+    assert r.json()["error"]["type"] == "server_error" and "RuntimeError: a bug" in r.json()["error"]["message"]
+
+
 # ---- kind 9: the OpenAPI document -------------------------------------------------------------------------
 def test_openapi_documents_real_statuses_and_media_types(http):
     doc = http.get("/openapi.json").json()
