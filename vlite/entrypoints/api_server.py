@@ -192,14 +192,15 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
     app.add_middleware(RequestIdMiddleware)
 
     @app.get("/health", response_class=Response, responses={
-        200: {"description": "ready: the engine loop runs (empty body)", "content": {}}, **_errors(*_COMMON_ERRORS)})
+        200: {"description": "ready: the engine loop runs (empty body)", "content": {}},
+        **_errors(400, 413, 503)})  # no API key needed
     async def health() -> Response:
         """200 with an empty body once the engine loop runs (503 before, from the middleware)."""
         if state.engine is None or not state.engine.is_running:
             raise APIError(503, "the engine loop is not running", code="service_unavailable")
         return Response(status_code=200)
 
-    @app.get("/version", responses=_errors(400, 413))
+    @app.get("/version", responses=_errors(400, 401, 413))  # answers while loading too
     async def version() -> VersionResponse:
         return VersionResponse(version=__version__)
 
