@@ -96,7 +96,7 @@ def _runtime_bounds(doc: dict, state: ServerState) -> None:
     vocab = state.engine.engine.hf_config.vocab_size
 
     def bound(node, maximum: int) -> None:  # the integer member of a field's schema (or its anyOf)
-        for member in [node, *node.get("anyOf", [])]:
+        for member in [node, *node.get("anyOf", []), *node.get("oneOf", [])]:
             if member.get("type") == "integer":
                 member["maximum"] = maximum
             elif member.get("type") == "array":

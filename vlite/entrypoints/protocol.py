@@ -19,7 +19,17 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    StrictBool,
+    Tag,
+)
 
 from vlite.engine.sampling_params import (
     INT64_MAX,
@@ -81,9 +91,23 @@ def Float(**bounds):  # noqa: N802 - used like a type: Float(ge=0.0)
 Bool = StrictBool
 
 
+def _token_list(value):
+    """Token id lists can hold millions of ids, so they skip the per-item Python validator of
+    ``Int``: strict (Rust) validation refuses booleans and strings; integral floats (3.0, an
+    integer in JSON Schema) are converted here in one pass, only when there are any."""
+    if isinstance(value, list) and not all(type(x) is int for x in value):
+        return [int(x) if type(x) is float and x.is_integer() else x for x in value]
+    return value
+
+
 Text = Annotated[str, AfterValidator(check_unicode)]
 NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(check_unicode)]
-TokenId = Int(ge=0)
+TokenId = Annotated[int, Strict(), Field(ge=0)]
+
+
+def TokenIds(**bounds):  # noqa: N802 - used like a type
+    """A list of token ids (each >= 0), validated in bulk (see ``_token_list``)."""
+    return Annotated[list[TokenId], Field(**bounds), BeforeValidator(_token_list)]
 
 
 class OpenAIBase(BaseModel):
@@ -132,7 +156,7 @@ class SamplingRequest(OpenAIBase):
     repetition_penalty: Float(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY) | None = None
     min_tokens: Int(ge=0) = 0  # and <= max_tokens
     ignore_eos: Bool = False
-    stop_token_ids: list[TokenId] | None = None  # and < the vocabulary size
+    stop_token_ids: TokenIds() | None = None  # and < the vocabulary size
     # Beam search, in vLLM's older OpenAI-server style: use_beam_search + best_of (beam width,
     # default n) + length_penalty; returns the n best beams. best_of without beam search must
     # equal n (OpenAI's best_of sampling is not supported).
@@ -141,12 +165,35 @@ class SamplingRequest(OpenAIBase):
     length_penalty: Float(ge=-MAX_ABS_LENGTH_PENALTY, le=MAX_ABS_LENGTH_PENALTY) | None = None
 
 
+def _prompt_kind(value) -> str | None:
+    """Which form of ``prompt`` this is, judged by its first element, so that only that form is
+    validated: a union would validate a list of a million token ids as strings first, and
+    collect a million errors, on the event loop."""
+    if isinstance(value, str):
+        return "prompt-text"
+    if isinstance(value, list):
+        first = value[0] if value else None
+        if isinstance(first, str):
+            return "prompt-texts"
+        return "prompt-token-id-lists" if isinstance(first, list) else "prompt-token-ids"
+    return None
+
+
+Prompt = Annotated[
+    Annotated[NonEmptyText, Tag("prompt-text")]
+    | Annotated[Annotated[list[NonEmptyText], Field(min_length=1)], Tag("prompt-texts")]
+    | Annotated[TokenIds(min_length=1), Tag("prompt-token-ids")]
+    | Annotated[Annotated[list[TokenIds(min_length=1)], Field(min_length=1)], Tag("prompt-token-id-lists")],
+    Discriminator(_prompt_kind, custom_error_type="prompt_type",
+                  custom_error_message="prompt must be a string, a list of strings, a list of token ids or a "
+                                       "list of lists of token ids"),
+]
+
+
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. ``prompt``: a string, a list of strings, token ids, or lists of ids."""
 
-    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)]
-             | Annotated[list[TokenId], Field(min_length=1)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
+    prompt: Prompt
     max_tokens: Int(ge=1) | None = 16  # and <= max_model_len; null means 16 (OpenAI's default)
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
     echo: Bool = Field(False, json_schema_extra={"enum": [False]})  # refused (400) when true
@@ -193,7 +240,7 @@ class TokenizeRequest(OpenAIBase):
 
 class DetokenizeRequest(OpenAIBase):
     model: Text | None = None
-    tokens: list[TokenId]  # and < the vocabulary size
+    tokens: TokenIds()  # and < the vocabulary size
 
 
 def _field_names(*models: type[BaseModel]) -> frozenset[str]:
