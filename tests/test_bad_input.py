@@ -24,9 +24,33 @@ from vlite.engine.sampling_params import SamplingParams
     ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
     ({"stop": [""]}, "stop must be non-empty"),
+    # issue 12: non-finite and out-of-range floats, int64 seeds, booleans are not integers
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": 1e-300}, r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"),
+    ({"temperature": 1e308}, r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
+    ({"repetition_penalty": 1e-300}, r"repetition_penalty must be in \[0.01, 1e\+06\]"),
+    ({"top_p": float("nan")}, "top_p must be a finite number"),
+    ({"length_penalty": 11.0}, r"length_penalty must be in \[-10, 10\]"),
+    ({"seed": 2**63}, r"seed must be an integer in \[-2\*\*63, 2\*\*63 - 1\]"),
+    ({"seed": -(2**63) - 1}, "seed must be an integer in"),
+    ({"seed": True}, "seed must be an integer in"),
+    ({"top_k": True}, "top_k must be an integer"),
+    ({"top_k": 2**31}, "top_k must be"),
+    ({"max_tokens": True}, "max_tokens must be an integer"),
+    ({"stop_token_ids": [False]}, "stop_token_ids must be non-negative integers"),
+    ({"logprobs": True}, "logprobs must be an integer in"),
 ])
 def test_invalid_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_param_bounds_are_accepted():
+    for kwargs in ({"temperature": 0.01}, {"temperature": 100}, {"seed": 2**63 - 1}, {"seed": -(2**63)},
+                   {"repetition_penalty": 0.01}, {"repetition_penalty": 1e6}, {"length_penalty": -10.0},
+                   {"top_k": 2**31 - 1}, {"logprobs": 20}):
         SamplingParams(**kwargs)
 
 

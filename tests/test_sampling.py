@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import make_engine
 
@@ -91,3 +92,19 @@ def test_streamed_text_equals_final_text(tiny_checkpoint):
     assert all(texts[i + 1].startswith(texts[i]) for i in range(len(texts) - 1))
     assert texts[-1] == engine.tokenizer.decode(outs[-1].outputs[0].token_ids, skip_special_tokens=True)
     assert sum(len(o.new_token_ids) for o in outs) == 15
+
+
+def test_logprobs_are_the_models_unfiltered_ones(tiny_checkpoint):
+    """vLLM's raw_logprobs: top-k / temperature do not change the reported log-probabilities, and
+    tokens the filter removed keep their finite value (issue 12: they were -inf, the sampled one 0.0)."""
+    import math
+
+    engine = make_engine(tiny_checkpoint)
+    greedy = engine.generate(["hi"], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True,
+                                                    logprobs=3))[0].outputs[0]
+    filtered = engine.generate(["hi"], SamplingParams(max_tokens=3, temperature=0.7, top_k=1, seed=0,
+                                                      ignore_eos=True, logprobs=3))[0].outputs[0]
+    assert filtered.token_ids == greedy.token_ids  # top_k 1 samples the argmax
+    for want, got in zip(greedy.logprobs, filtered.logprobs):
+        assert set(got) == set(want) and len(got) == 3
+        assert all(math.isfinite(v) and v == pytest.approx(want[t], abs=1e-5) for t, v in got.items())

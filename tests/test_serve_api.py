@@ -265,7 +265,7 @@ BAD_COMPLETIONS = [
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [10**9]}, "prompt"),
-    ({"prompt": "x", "max_tokens": 5000}, "prompt"),  # longer than the model allows
+    ({"prompt": "x", "max_tokens": 5000}, "max_tokens"),  # more than the model's context length
     ({"prompt": "word " * 4100, "max_tokens": 1}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
@@ -298,7 +298,8 @@ def test_invalid_chat_and_json_are_400(http):
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
     assert_error(http.post("/v1/chat/completions", json={"messages": "hello"}), 400, "messages")
     assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                          "max_completion_tokens": -3}), 400, "max_tokens")
+                                                          "max_completion_tokens": -3}), 400,
+                 "max_completion_tokens")
     assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, "messages")
     assert_error(http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}),

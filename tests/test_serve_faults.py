@@ -68,6 +68,7 @@ def test_error_in_step_is_500_and_server_keeps_serving(server):
         r = http.post("/v1/completions", json={"prompt": "boom", "max_tokens": 4}, headers=tag)
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "server_error"
+        assert r.headers["connection"] == "close"  # the client must not reuse this connection
         with http.stream("POST", "/v1/completions", json={"prompt": "boom", "max_tokens": 4, "stream": True},
                          headers=tag) as resp:
             events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]

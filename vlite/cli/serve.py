@@ -17,7 +17,10 @@ import typer
 import uvicorn
 
 from vlite.cli import common
-from vlite.entrypoints.state import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
+from vlite.entrypoints.http_protocol import DEFAULT_HEADER_READ_TIMEOUT_S
+from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
+
+DEFAULT_LIMIT_CONCURRENCY = 1024
 
 ServedNameOpt = typer.Option(None, "--served-model-name", help="Name(s) clients use in 'model' (default: the model's).")
 InjectFaultOpt = typer.Option(None, "--inject-fault",
@@ -50,6 +53,16 @@ def serve(
     inject_fault: list[str] = InjectFaultOpt,
     max_request_body_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", min=1,
                                                help="Larger request bodies get 413."),
+    max_n: int = typer.Option(DEFAULT_MAX_N, "--max-n", min=1,
+                              help="Most choices one request may ask for: n, best_of, and prompts x n (400 beyond)."),
+    header_read_timeout: float = typer.Option(DEFAULT_HEADER_READ_TIMEOUT_S, "--header-read-timeout", min=0.1,
+                                              help="Seconds a connection has to send a complete request head "
+                                                   "(at open and after each response); then it is closed."),
+    limit_concurrency: int = typer.Option(DEFAULT_LIMIT_CONCURRENCY, "--limit-concurrency", min=1,
+                                          help="Most open connections/requests; beyond it new requests get 503 "
+                                               "(uvicorn's limit_concurrency)."),
+    timeout_keep_alive: float = typer.Option(5.0, "--timeout-keep-alive", min=0.1,
+                                             help="Seconds an idle keep-alive connection stays open."),
     uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level",
                                           help="uvicorn's log level (debug, info, warning, error)."),
 ) -> None:
@@ -58,6 +71,7 @@ def serve(
     from vlite.engine.llm_engine import LLMEngine
     from vlite.engine.loader import DEFAULT_MODEL_ALIASES
     from vlite.entrypoints.api_server import create_app
+    from vlite.entrypoints.http_protocol import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
 
     faults = tuple(inject_fault or ())
@@ -74,7 +88,7 @@ def serve(
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                               enable_debug_endpoints=enable_debug_endpoints,
                               max_request_body_bytes=max_request_body_bytes, log_stats=log_stats,
-                              log_stats_interval=log_stats_interval)
+                              log_stats_interval=log_stats_interval, max_n=max_n)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     if faults:
         logging.getLogger("vlite.server").warning("planted faults enabled: %s", ", ".join(faults))
@@ -88,7 +102,9 @@ def serve(
 
     app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
-                                    timeout_graceful_shutdown=10), app.state.server)
+                                    timeout_graceful_shutdown=10, http=with_header_timeout(header_read_timeout),
+                                    limit_concurrency=limit_concurrency, timeout_keep_alive=timeout_keep_alive),
+                     app.state.server)
     server.run()
     if not server.started and exit_code == 0:
         exit_code = 1  # e.g. the port was taken (uvicorn logged why)

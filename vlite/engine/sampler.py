@@ -3,6 +3,11 @@
 Logit processing follows vLLM's sampler order: penalties (repetition as in CTRL, Keskar et al.
 2019; presence/frequency as the OpenAI API reference defines them), min_tokens masking,
 temperature, then top-k / top-p / min-p truncation, then sampling.
+
+Log-probabilities are vLLM's default ``raw_logprobs``: the log-softmax of the model's logits
+before any of that processing, so a token that top-k / top-p / min-p / a penalty removed still
+has its true (finite) log-probability, and asking for logprobs never changes which token is
+sampled.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from vlite.engine.sequence import Sequence
 
 @dataclass
 class SamplerOutput:
-    """token_ids: one sampled id per row. logprobs: per row, {token_id: logprob} for the sampled
-    token and the top ``logprobs`` tokens, or None when not requested."""
+    """token_ids: one sampled id per row. logprobs: per row, {token_id: logprob} (natural log,
+    of the model's unprocessed distribution) for the sampled token and the ``logprobs`` most
+    likely tokens, or None when not requested."""
 
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
@@ -69,6 +75,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     for i, seq in enumerate(seqs):
         p = seq.sampling_params
         row = logits[i]
+        # Before the in-place penalties: the model's own distribution (vLLM's raw_logprobs).
+        raw_logprobs = row.log_softmax(-1) if p.logprobs is not None else None
         _apply_penalties(row, seq)
         if seq.num_output_tokens < p.min_tokens:
             banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids))
@@ -83,8 +91,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
             noise = torch.empty_like(probs).exponential_(1.0, generator=seq.generator or generator)
             token = int((probs / noise).argmax())
         token_ids.append(token)
-        if p.logprobs is not None:
-            lp = row.log_softmax(-1)
+        if raw_logprobs is not None:
+            lp = raw_logprobs
             entry = {token: float(lp[token])}
             if p.logprobs:
                 top = torch.topk(lp, p.logprobs)

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Documented bounds (docs/serve.md), shared by the engine and the OpenAI server's request schema.
+# Outside them the arithmetic either overflows float32 (logits / 1e-300 is inf, then NaN) or the
+# value has no meaning; vLLM's own checks are looser (e.g. no upper temperature bound).
+MIN_TEMPERATURE = 0.01  # a positive temperature below this is refused (0 = greedy); vLLM clamps to 0.01
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 1e6
+MAX_ABS_LENGTH_PENALTY = 10.0
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed range, as vLLM validates it
+MAX_TOP_K = 2**31 - 1  # any top_k >= the vocabulary size keeps every token
 
 
 @dataclass
@@ -10,19 +23,23 @@ class SamplingParams:
     """How to sample one request's output.
 
     max_tokens: most output tokens (>= 1). min_tokens: EOS and stop ids are masked before this.
-    temperature: 0 means greedy; otherwise logits are divided by it.
-    top_k: keep the k most likely tokens (-1 or 0 = all). top_p: nucleus mass in (0, 1].
+    temperature: 0 means greedy; otherwise logits are divided by it, in [0.01, 100].
+    top_k: keep the k most likely tokens (-1 or 0 = all; at most 2**31 - 1). top_p: nucleus
+        mass in (0, 1].
     min_p: drop tokens whose probability is below min_p * max probability, in [0, 1].
-    repetition_penalty: > 0, 1 = off (CTRL's rule, as in HF and vLLM: divides positive
-        logits, multiplies negative ones, for every token in prompt or output).
+    repetition_penalty: in [0.01, 1e6], 1 = off (CTRL's rule, as in HF and vLLM: divides
+        positive logits, multiplies negative ones, for every token in prompt or output).
     presence_penalty / frequency_penalty: in [-2, 2], OpenAI's definition over output tokens.
-    seed: per-request generator seed, so a request samples the same text in any batch.
+    seed: per-request generator seed in int64 (as vLLM), so a request samples the same text in
+        any batch.
     stop: strings that end the output (not included in it). stop_token_ids: ids that end it.
     ignore_eos: keep going past EOS until max_tokens.
     n: sequences returned per request; with n > 1 the samples share the prompt's KV blocks.
     logprobs: also return the log-probabilities of the top ``logprobs`` tokens (0..20).
     beam_width: > 1 runs beam search (greedy scores, as transformers' ``num_beams``); the
-        ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty.
+        ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty,
+        in [-10, 10].
+    Every float must be finite; booleans are not accepted as integers.
 
     Raises:
         ValueError: any field out of range; the message names the field and the allowed range.
@@ -51,30 +68,45 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty", "length_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                   f"{name} must be a finite number, got {value!r}")
+        for name in ("max_tokens", "min_tokens", "top_k", "n", "beam_width"):
+            _check(_is_int(getattr(self, name)), f"{name} must be an integer, got {getattr(self, name)!r}")
+        _check(self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(0 <= self.min_tokens <= self.max_tokens,
                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        _check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0),
-               f"top_k must be -1 (disabled), 0 (disabled) or a positive integer, got {self.top_k!r}")
+        _check(self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+               f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        _check(-1 <= self.top_k <= MAX_TOP_K,
+               f"top_k must be -1 (disabled), 0 (disabled) or a positive integer <= {MAX_TOP_K}, got {self.top_k!r}")
         _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
         _check(self.repetition_penalty > 0.0,
                f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        _check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 = off), "
+               f"got {self.repetition_penalty}")
         _check(-2.0 <= self.presence_penalty <= 2.0,
                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         _check(-2.0 <= self.frequency_penalty <= 2.0,
                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _check(abs(self.length_penalty) <= MAX_ABS_LENGTH_PENALTY,
+               f"length_penalty must be in [-{MAX_ABS_LENGTH_PENALTY:g}, {MAX_ABS_LENGTH_PENALTY:g}], "
+               f"got {self.length_penalty}")
+        _check(self.seed is None or (_is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX),
+               f"seed must be an integer in [-2**63, 2**63 - 1], got {self.seed!r}")
         _check(all(isinstance(s, str) and s for s in self.stop),
                f"stop must be non-empty strings, got {self.stop!r}")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
                f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-               f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
-        _check(isinstance(self.beam_width, int) and self.beam_width >= 1,
+        _check(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        _check(self.beam_width >= 1,
                f"beam_width must be an integer >= 1, got {self.beam_width!r}")
         if self.beam_width > 1:
             _check(self.temperature == 0.0 and not self.uses_penalties,
@@ -93,6 +125,11 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+
+def _is_int(value) -> bool:
+    """An int that is not a bool (JSON ``true`` must not read as token id 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, message: str) -> None:

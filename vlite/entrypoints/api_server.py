@@ -13,12 +13,14 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vlite import __version__
 from vlite.engine.async_engine import AsyncLLMEngine
 from vlite.engine.llm_engine import LLMEngine
+from vlite.engine.sampling_params import INT64_MAX, INT64_MIN
 from vlite.entrypoints.debug import blocks_snapshot
 from vlite.entrypoints.errors import APIError, install_error_handlers
 from vlite.entrypoints.metrics import ServerMetrics
@@ -30,18 +32,104 @@ from vlite.entrypoints.middleware import (
 )
 from vlite.entrypoints.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
 )
-from vlite.entrypoints.serving import served_model, with_cancellation
-from vlite.entrypoints.serving_chat import create_chat_completion, render_chat
+from vlite.entrypoints.serving import check_prompt_chars, off_loop, served_model, with_cancellation
+from vlite.entrypoints.serving_chat import chat_plain_messages, check_chat_chars, create_chat_completion, render_chat
 from vlite.entrypoints.serving_completion import create_completion
 from vlite.entrypoints.state import ServerSettings, ServerState
 
 logger = logging.getLogger("vlite.server")
+
+# What each route can answer besides its 200, for the OpenAPI document (docs/serve.md, "Errors").
+# Every route: 400 (an X-Request-Id over 256 characters), 401 (with --api-key), 413 (a body over
+# --max-request-body-bytes, whatever the route) and 503 (loading, shutting down); body routes
+# add 400 for invalid bodies and 404 for an unknown model; the generation routes add 500 (the
+# engine failed that request). Validation errors are 400, never FastAPI's 422.
+_ERROR_TEXT = {400: "invalid request (the message and `param` say what and where)",
+               401: "missing or wrong API key (only with --api-key)", 404: "unknown model",
+               413: "request body over --max-request-body-bytes",
+               500: "the engine failed this request (the server goes on)",
+               503: "the model is loading or the server is shutting down"}
+
+
+def _errors(*statuses: int) -> dict:
+    return {s: {"model": ErrorResponse, "description": _ERROR_TEXT[s]} for s in statuses}
+
+
+_COMMON_ERRORS = (400, 401, 413, 503)
+# With "stream": true. Before OpenAPI 3.2 the schema of an event stream describes one event.
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "one JSON chunk (or an error object), or [DONE] last"}}}}}
+
+
+def _exact_integer_bounds(node) -> None:
+    """FastAPI's OpenAPI models hold ``minimum``/``maximum`` as floats, which turns the seed bound
+    2**63 - 1 into 2**63; put integer schemas' bounds back as exact integers (int64 at most)."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            for key in ("minimum", "maximum"):
+                if isinstance(node.get(key), float):
+                    node[key] = max(INT64_MIN, min(INT64_MAX, int(node[key])))
+        for value in node.values():
+            _exact_integer_bounds(value)
+    elif isinstance(node, list):
+        for value in node:
+            _exact_integer_bounds(value)
+
+
+def _runtime_bounds(doc: dict, state: ServerState) -> None:
+    """Write the bounds known once the model is loaded into the request schemas: ``n`` and
+    ``best_of`` <= --max-n, ``max_tokens`` <= max_model_len, token ids < the vocabulary size."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    vocab = state.engine.engine.hf_config.vocab_size
+
+    def bound(node, maximum: int) -> None:  # the integer member of a field's schema (or its anyOf)
+        for member in [node, *node.get("anyOf", []), *node.get("oneOf", [])]:
+            if member.get("type") == "integer":
+                member["maximum"] = maximum
+            elif member.get("type") == "array":
+                bound(member["items"], maximum)
+
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas.get(name, {}).get("properties", {})
+        for field, maximum in (("n", state.settings.max_n), ("best_of", state.settings.max_n),
+                               ("max_tokens", state.max_model_len), ("max_completion_tokens", state.max_model_len),
+                               ("stop_token_ids", vocab - 1), ("prompt", vocab - 1)):
+            if field in props:
+                bound(props[field], maximum)
+    if "tokens" in schemas.get("DetokenizeRequest", {}).get("properties", {}):
+        bound(schemas["DetokenizeRequest"]["properties"]["tokens"], vocab - 1)
+
+
+def _openapi(app: FastAPI, state: ServerState) -> dict:
+    """FastAPI's document, without the 422 it adds to body routes (this server answers 400), with
+    exact integer bounds and, once the model is loaded, the bounds that depend on it."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        _exact_integer_bounds(doc)
+        if state.engine is not None:
+            _runtime_bounds(doc, state)
+        for operations in doc.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            doc.get("components", {}).get("schemas", {}).pop(name, None)
+        if state.engine is None:  # not loaded yet: do not cache a document without the model's bounds
+            return doc
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 async def _load(state: ServerState, load_engine: Callable[[], LLMEngine], on_fatal: Callable[[str], None]) -> None:
@@ -90,8 +178,11 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
             loader.cancel()
         if state.engine is not None:
             await state.engine.shutdown()
+        if state._tokenizer_pool is not None:
+            state._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
+    app.openapi = lambda: _openapi(app, state)
     app.state.server = state
     install_error_handlers(app)
     # Added innermost first: the request id wraps everything, so every response echoes it.
@@ -100,58 +191,68 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_body_bytes)
     app.add_middleware(RequestIdMiddleware)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={
+        200: {"description": "ready: the engine loop runs (empty body)", "content": {}},
+        **_errors(400, 413, 503)})  # no API key needed
     async def health() -> Response:
         """200 with an empty body once the engine loop runs (503 before, from the middleware)."""
         if state.engine is None or not state.engine.is_running:
             raise APIError(503, "the engine loop is not running", code="service_unavailable")
         return Response(status_code=200)
 
-    @app.get("/version")
-    async def version() -> dict:
-        return {"version": __version__}
+    @app.get("/version", responses=_errors(400, 401, 413))  # answers while loading too
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_errors(*_COMMON_ERRORS))
     async def models() -> ModelList:
         """OpenAI's model list: the served model names."""
         return ModelList(data=[ModelCard(id=name, root=state.model_root, max_model_len=state.max_model_len)
                                for name in state.model_names])
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_class=JSONResponse, responses={
+        200: {"model": CompletionResponse, "content": _SSE}, **_errors(*_COMMON_ERRORS, 404, 500)})
     @with_cancellation
     async def completions(req: CompletionRequest, request: Request) -> Response:
         return await create_completion(req, request, state)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_class=JSONResponse, responses={
+        200: {"model": ChatCompletionResponse, "content": _SSE}, **_errors(*_COMMON_ERRORS, 404, 500)})
     @with_cancellation
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         return await create_chat_completion(req, request, state)
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> dict:
-        """vLLM's /tokenize: ``prompt`` or chat ``messages`` -> token ids."""
+    @app.post("/tokenize", responses=_errors(*_COMMON_ERRORS, 404))
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        """vLLM's /tokenize: ``prompt`` or chat ``messages`` -> token ids (tokenized off the event loop)."""
         served_model(state, req.model)
         tokenizer = state.engine.engine.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
-            _, ids = render_chat(tokenizer, req.messages, req.add_generation_prompt)
+            plain = chat_plain_messages(req.messages)
+            check_chat_chars(state, plain)
+            _, ids = await off_loop(state, render_chat, tokenizer, plain, req.add_generation_prompt)
         else:
-            ids = tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
-        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+            check_prompt_chars(state, len(req.prompt), "prompt")
+            ids = (await off_loop(state, lambda: tokenizer(req.prompt, add_special_tokens=req.add_special_tokens)
+                                  )).input_ids
+        return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)
 
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> dict:
-        """vLLM's /detokenize: token ids -> text."""
+    @app.post("/detokenize", responses=_errors(*_COMMON_ERRORS, 404))
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        """vLLM's /detokenize: token ids -> text (decoded off the event loop)."""
         served_model(state, req.model)
         tokenizer = state.engine.engine.tokenizer
         vocab = len(tokenizer)
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-        return {"prompt": tokenizer.decode(req.tokens)}
+        return DetokenizeResponse(prompt=await off_loop(state, tokenizer.decode, req.tokens))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={
+        200: {"description": "Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(*_COMMON_ERRORS)})
     async def metrics() -> Response:
         """Prometheus text exposition of this server's registry."""
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vlite.entrypoints.protocol import ErrorInfo, ErrorResponse
+from vlite.entrypoints.protocol import REQUEST_FIELD_NAMES, ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("vlite.server")
 
@@ -26,6 +26,9 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
                  code: str | None = None) -> None:
+        # Messages may quote client text: escape anything UTF-8 cannot encode (a lone surrogate),
+        # so that encoding the error body can never fail.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status = status
         self.message = message
@@ -52,18 +55,43 @@ def error_bytes(status: int, message: str, **kw) -> bytes:
     return json.dumps(APIError(status, message, **kw).body()).encode()
 
 
+def _is_type_mismatch(error: dict) -> bool:
+    return error.get("type", "").endswith(("_type", "_parsing"))
+
+
+def _field_path(loc) -> list[str]:
+    """The request-field part of a pydantic error location: field names and list indices, without
+    "body" and without pydantic's union-member tags ("str", "list[int]", "function-after[...]")."""
+    return [str(p) for p in loc if isinstance(p, int) or p in REQUEST_FIELD_NAMES]
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    """(message, param) for a body that failed validation.
+
+    Of several errors (a value that matches no member of a union gives one per member), the one
+    reported is a constraint or value error (bound, bad Unicode, boolean for an integer) before a
+    mere type mismatch, then the deepest one: for ``"prompt": [[false]]`` that is
+    ``prompt.0.0: must be a number, not a boolean``, not "prompt is not a string".
+    """
+    errors = list(exc.errors())
     if not errors:
         return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {msg}", None
+    if any(e.get("type") == "json_invalid" for e in errors):
+        first = next(e for e in errors if e.get("type") == "json_invalid")
+        return f"the request body is not valid JSON: {first.get('msg', '')}", None
+    best = min(errors, key=lambda e: (_is_type_mismatch(e), -len(_field_path(e.get("loc", ())))))
+    path = _field_path(best.get("loc", ()))
+    param = ".".join(path) or None
+    msg = best.get("msg", "invalid value").removeprefix("Value error, ")
+    if best.get("type") == "string_unicode":  # pydantic's own check of constrained strings
+        msg = "text is not valid Unicode (it holds a lone surrogate); send UTF-8 text"
+    value = best.get("input")
+    if isinstance(value, (int, float, str)) and best.get("type") != "missing":
+        shown = ascii(value)
+        msg += f", got {shown if len(shown) <= 40 else shown[:37] + '...'}"
     where = f"'{param}'" if param else "the request body"
-    extra = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+    top = {(_field_path(e.get("loc", ())) or [""])[0] for e in errors} - {(path or [""])[0]}
+    extra = f" (and errors in {len(top)} other field(s))" if top else ""
     return f"{where}: {msg}{extra}", param
 
 
@@ -94,4 +122,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        # Starlette re-raises after this response and uvicorn then drops the connection: say so,
+        # so that a keep-alive client does not send its next request into a closing socket.
+        response = error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        response.headers["Connection"] = "close"
+        return response

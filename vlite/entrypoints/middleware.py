@@ -29,7 +29,8 @@ async def send_error(send: Send, status: int, message: str, headers: dict[str, s
 
 class RequestIdMiddleware:
     """Take ``X-Request-Id`` from the client (or make one), store it in ``request.state.request_id``
-    and echo it on every response."""
+    and echo it on every response. Every 5xx also says ``Connection: close`` (uvicorn then closes
+    the connection after it), so a keep-alive client never reuses a connection in a bad state."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -45,7 +46,10 @@ class RequestIdMiddleware:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message)["X-Request-Id"] = request_id
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-Id"] = request_id
+                if message["status"] >= 500:
+                    headers["Connection"] = "close"
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -56,7 +60,14 @@ class _BodyTooLarge(Exception):
 
 
 class BodySizeLimitMiddleware:
-    """Answer 413 to a body over ``max_bytes`` (by Content-Length, or counted while streaming in)."""
+    """Answer 413 to a body over ``max_bytes``: by Content-Length before reading anything, or,
+    for a chunked body (no Content-Length), as soon as the bytes read pass the limit.
+
+    FastAPI turns any exception raised while it reads the body into its own 400 ("There was an
+    error parsing the body"); so once the limit is passed, whatever response the app starts is
+    replaced by the 413 here. The 413 says ``Connection: close``: the rest of the body is never
+    read, so the connection cannot carry another request.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -66,23 +77,31 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         too_large = f"request body is larger than the server's limit of {self.max_bytes} bytes"
+        close = {"Connection": "close"}
         length = Headers(scope=scope).get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await send_error(send, 413, too_large, code="request_too_large")
+            return await send_error(send, 413, too_large, code="request_too_large", headers=close)
         received = 0
+        over = False
         started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    over = True
                     raise _BodyTooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if over:  # the app's answer to the body it could not read: the 413 replaces it
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await send_error(send, 413, too_large, code="request_too_large", headers=close)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
@@ -90,7 +109,8 @@ class BodySizeLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await send_error(send, 413, too_large, code="request_too_large")
+                started = True
+                await send_error(send, 413, too_large, code="request_too_large", headers=close)
 
 
 class ApiKeyMiddleware:

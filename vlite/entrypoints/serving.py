@@ -71,8 +71,75 @@ def served_model(state: ServerState, model: str | None) -> str:
 
 
 def warn_ignored_fields(req: BaseModel) -> None:
-    if req.model_extra:
-        logger.warning("ignored unknown request fields: %s", ", ".join(sorted(req.model_extra)))
+    if req.model_extra:  # ascii(): a field name may hold anything, a lone surrogate included
+        logger.warning("ignored unknown request fields: %s", ", ".join(ascii(k) for k in sorted(req.model_extra)))
+
+
+# vLLM's OpenAI layer reports log-probabilities as max(logprob, -9999.0): JSON has no -inf.
+MIN_LOGPROB = -9999.0
+
+
+def clamp_logprob(value: float) -> float:
+    """A log-probability (nats) as a finite JSON number: -inf (and NaN) become -9999.0, as vLLM."""
+    return value if value >= MIN_LOGPROB else MIN_LOGPROB
+
+
+def check_limits(state: ServerState, req: SamplingRequest, max_tokens: int, num_prompts: int = 1,
+                 max_tokens_param: str = "max_tokens") -> None:
+    """The bounds that depend on the server or the loaded model (docs/serve.md, "Limits"):
+    ``n`` and ``best_of`` <= ``--max-n``, and so is the fan-out ``num_prompts * max(n, best_of)``;
+    ``max_tokens`` <= max_model_len; ``stop_token_ids`` inside the vocabulary.
+
+    Raises:
+        APIError: 400 naming the field.
+    """
+    max_n = state.settings.max_n
+    if req.n > max_n:
+        raise APIError(400, f"n must be an integer in [1, {max_n}] (--max-n), got {req.n}", param="n")
+    if req.best_of is not None and req.best_of > max_n:
+        raise APIError(400, f"best_of must be an integer in [1, {max_n}] (--max-n), got {req.best_of}",
+                       param="best_of")
+    width = max(req.n, req.best_of or 1) if req.use_beam_search else req.n
+    if num_prompts * width > max_n:
+        raise APIError(400, f"this request asks for {num_prompts * width} choices ({num_prompts} prompts x {width}); "
+                       f"the server allows at most {max_n} (--max-n)", param="n")
+    if max_tokens > state.max_model_len:
+        raise APIError(400, f"{max_tokens_param} must be an integer in [1, {state.max_model_len}] (the model's "
+                       f"maximum context length), got {max_tokens}", param=max_tokens_param)
+    vocab = state.engine.engine.hf_config.vocab_size
+    bad = [t for t in req.stop_token_ids or () if t >= vocab]
+    if bad:
+        raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab}), got {bad[0]}", param="stop_token_ids")
+
+
+def max_prompt_chars(state: ServerState) -> int:
+    """Characters above which a text prompt cannot fit ``max_model_len`` tokens, known without
+    tokenizing: a token decodes to at most as many characters as its longest vocabulary entry
+    (for byte-level BPE the entry is one character per byte, so this is an upper bound). Assumes
+    the tokenizer's normalizer does not shorten text (true of byte-level BPE and SentencePiece)."""
+    if state.max_prompt_chars is None:
+        vocab = state.engine.engine.tokenizer.get_vocab()
+        state.max_prompt_chars = state.max_model_len * max(len(t) for t in vocab)
+    return state.max_prompt_chars
+
+
+def check_prompt_chars(state: ServerState, num_chars: int, param: str) -> None:
+    """400 at once (before tokenizing) for text that has more characters than any prompt that fits.
+
+    Raises:
+        APIError: 400 with ``param``.
+    """
+    bound = max_prompt_chars(state)
+    if num_chars > bound:
+        raise APIError(400, f"the prompt has {num_chars} characters, so it is longer than this model's maximum "
+                       f"context length of {state.max_model_len} tokens (at most {bound} characters can fit)",
+                       param=param)
+
+
+async def off_loop(state: ServerState, fn: Callable, *args):
+    """Run ``fn(*args)`` (tokenizing, a chat template, detokenizing) in the server's small
+    tokenizer thread pool, so the event loop keeps answering other requests meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool(), functools.partial(fn, *args))
 
 
 def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -150,7 +217,7 @@ def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | No
 
 
 def check_n(n: int) -> None:
-    if n < 1:
+    if n < 1:  # pydantic already refuses it; kept for callers that build requests themselves
         raise APIError(400, f"n must be an integer >= 1, got {n}", param="n")
 
 
@@ -277,10 +344,11 @@ class GroupStreamer:
 
 
 def sse(payload: BaseModel | dict) -> str:
-    """One Server-Sent Event ``data:`` line (OpenAI streaming)."""
+    """One Server-Sent Event ``data:`` line (OpenAI streaming). Strict JSON: a non-finite number
+    raises here rather than reaching the client as a bare ``-Infinity``."""
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="json")
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {json.dumps(payload, separators=(',', ':'), allow_nan=False)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -37,7 +37,11 @@ from vlite.entrypoints.serving import (
     GroupStreamer,
     RequestInfo,
     add_to_engine,
+    check_limits,
+    check_prompt_chars,
+    clamp_logprob,
     collect_final,
+    off_loop,
     sampling_params,
     served_model,
     sse,
@@ -46,26 +50,46 @@ from vlite.entrypoints.serving import (
 from vlite.entrypoints.state import ServerState
 
 
-def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-    """Apply the tokenizer's chat template; returns (prompt text, token ids).
+def chat_plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """``messages`` as the chat template takes them: {"role", "content"} with text content.
 
-    The rendered text already holds the special tokens, so it is tokenized without adding
-    more (as vLLM does). Raises APIError 400 for non-text content or a template error.
+    Raises:
+        APIError: 400 naming the message and part, for empty messages, a part that is not text
+            or a text part without ``text``.
     """
     if not messages:
         raise APIError(400, "messages must not be empty", param="messages")
     plain = []
-    for m in messages:
+    for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
             parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"content parts of type {part.type!r} are not supported (text only)",
+            for j, part in enumerate(content):
+                where = f"messages.{i}.content.{j}"
+                if part.type != "text":
+                    raise APIError(400, f"{where}: content parts of type {part.type!r} are not supported (only "
+                                   "'text' parts)", param="messages")
+                if part.text is None:
+                    raise APIError(400, f"{where}: a part of type 'text' needs a 'text' field holding a string",
                                    param="messages")
                 parts.append(part.text)
             content = "".join(parts)
         plain.append({"role": m.role, "content": content or ""})
+    return plain
+
+
+def render_chat(tokenizer, messages: list[ChatMessage] | list[dict[str, str]],
+                add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """Apply the tokenizer's chat template; returns (prompt text, token ids).
+
+    ``messages`` are ChatMessage models or chat_plain_messages' dicts. The rendered text already
+    holds the special tokens, so it is tokenized without adding more (as vLLM does). Slow for a
+    long conversation: servers call it through ``serving.off_loop``.
+
+    Raises:
+        APIError: 400 for non-text content or a template error.
+    """
+    plain = messages if messages and isinstance(messages[0], dict) else chat_plain_messages(messages)
     if tokenizer.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
     try:
@@ -75,6 +99,11 @@ def render_chat(tokenizer, messages: list[ChatMessage], add_generation_prompt: b
     return text, tokenizer(text, add_special_tokens=False).input_ids
 
 
+def check_chat_chars(state: ServerState, plain: list[dict[str, str]]) -> None:
+    """400 before rendering when the messages' text alone cannot fit the context (serving.check_prompt_chars)."""
+    check_prompt_chars(state, sum(len(m["content"]) for m in plain), "messages")
+
+
 def chat_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, num_top: int) -> ChatChoiceLogprobs:
     """Chat logprobs of one choice for output tokens [start, end) (OpenAI's ``logprobs.content``)."""
     content = []
@@ -82,9 +111,9 @@ def chat_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, num_top:
         token = tokenizer.decode([token_id])
         top = sorted(entry.items(), key=lambda kv: -kv[1])[:num_top]
         content.append(ChatTokenLogprob(
-            token=token, logprob=entry.get(token_id, float("-inf")), bytes=list(token.encode()),
-            top_logprobs=[TopLogprob(token=(s := tokenizer.decode([t])), logprob=lp, bytes=list(s.encode()))
-                          for t, lp in top]))
+            token=token, logprob=clamp_logprob(entry[token_id]), bytes=list(token.encode()),
+            top_logprobs=[TopLogprob(token=(s := tokenizer.decode([t])), logprob=clamp_logprob(lp),
+                                     bytes=list(s.encode())) for t, lp in top]))
     return ChatChoiceLogprobs(content=content)
 
 
@@ -113,8 +142,12 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, s
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     tokenizer = state.engine.engine.tokenizer
-    text, ids = render_chat(tokenizer, req.messages, req.add_generation_prompt)
+    plain = chat_plain_messages(req.messages)
+    max_tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    check_limits(state, req, max_tokens or 1, max_tokens_param=max_tokens_param)
+    check_chat_chars(state, plain)
+    text, ids = await off_loop(state, render_chat, tokenizer, plain, req.add_generation_prompt)
     if max_tokens is None:
         max_tokens = _default_max_tokens(state, req, len(ids))
     num_top = (req.top_logprobs or 0) if req.logprobs else None

@@ -31,7 +31,11 @@ from vlite.entrypoints.serving import (
     GroupStreamer,
     RequestInfo,
     add_to_engine,
+    check_limits,
+    check_prompt_chars,
+    clamp_logprob,
     collect_final,
+    off_loop,
     sampling_params,
     served_model,
     sse,
@@ -40,8 +44,8 @@ from vlite.entrypoints.serving import (
 from vlite.entrypoints.state import ServerState
 
 
-def _prompts(req: CompletionRequest, tokenizer) -> list[tuple[str | None, list[int]]]:
-    """Normalize ``prompt`` to a list of (text or None, token ids)."""
+def _prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """Normalize ``prompt`` to a list of prompts (each a text or token ids), refusing empty ones."""
     p = req.prompt
     if isinstance(p, str):
         items: list = [p]
@@ -51,17 +55,17 @@ def _prompts(req: CompletionRequest, tokenizer) -> list[tuple[str | None, list[i
         items = list(p)
     if not items:
         raise APIError(400, "prompt must not be empty", param="prompt")
-    out = []
     for item in items:
-        if isinstance(item, str):
-            if not item:
-                raise APIError(400, "prompt must not be an empty string", param="prompt")
-            out.append((item, tokenizer(item).input_ids))
-        else:
-            if not item:
-                raise APIError(400, "prompt token ids must not be empty", param="prompt")
-            out.append((None, list(item)))
-    return out
+        if isinstance(item, str) and not item:
+            raise APIError(400, "prompt must not be an empty string", param="prompt")
+        if not isinstance(item, str) and not item:
+            raise APIError(400, "prompt token ids must not be empty", param="prompt")
+    return items
+
+
+def _tokenize(tokenizer, items: list[str | list[int]]) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt; runs in the tokenizer threads (serving.off_loop)."""
+    return [(item, tokenizer(item).input_ids) if isinstance(item, str) else (None, list(item)) for item in items]
 
 
 def completion_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, num_top: int,
@@ -73,9 +77,9 @@ def completion_logprobs(tokenizer, c: CompletionOutput, start: int, end: int, nu
     for token_id, entry in zip(c.token_ids[start:end], (c.logprobs or [])[start:end]):
         token = tokenizer.decode([token_id])
         result.tokens.append(token)
-        result.token_logprobs.append(entry.get(token_id))
+        result.token_logprobs.append(clamp_logprob(entry[token_id]))
         top = sorted(entry.items(), key=lambda kv: -kv[1])[:max(num_top, 1)]
-        result.top_logprobs.append({tokenizer.decode([t]): lp for t, lp in top})
+        result.top_logprobs.append({tokenizer.decode([t]): clamp_logprob(lp) for t, lp in top})
         result.text_offset.append(offset)
         offset += len(token)
     return result
@@ -95,10 +99,15 @@ async def create_completion(req: CompletionRequest, request: Request, state: Ser
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.max_tokens is None:
-        raise APIError(400, "max_tokens must be an integer >= 1, got None", param="max_tokens")
+        req.max_tokens = 16  # OpenAI: "integer or null, defaults to 16"
+    items = _prompts(req)
+    check_limits(state, req, req.max_tokens, len(items))
     params = sampling_params(req, req.max_tokens, req.logprobs)
+    for item in items:  # refuse an over-long text before paying for its tokenization
+        if isinstance(item, str):
+            check_prompt_chars(state, len(item), "prompt")
     tokenizer = state.engine.engine.tokenizer
-    prompts = _prompts(req, tokenizer)
+    prompts = await off_loop(state, _tokenize, tokenizer, items)
     info = RequestInfo.from_request(request)
     engine_requests = [EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)
                        for p, (text, ids) in enumerate(prompts)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
 Status = Literal["loading", "ready", "shutting_down", "failed"]
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 << 20
+DEFAULT_MAX_N = 128  # OpenAI's documented upper bound of n for completions
+TOKENIZER_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class ServerSettings:
     served_model_names: names clients may put in ``model``; empty = the engine's model name.
     max_request_body_bytes: larger bodies get 413.
     log_stats_interval: seconds between ``--log-stats`` lines.
+    max_n: most choices one request may ask for (``n``, ``best_of``, and prompts x n).
     """
 
     api_key: str | None = None
@@ -29,6 +33,7 @@ class ServerSettings:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     log_stats: bool = False
     log_stats_interval: float = 10.0
+    max_n: int = DEFAULT_MAX_N
 
 
 @dataclass
@@ -43,6 +48,14 @@ class ServerState:
     model_root: str | None = None
     max_model_len: int | None = None
     load_error: str | None = None
+    max_prompt_chars: int | None = None  # set on first use (vlite.entrypoints.serving.max_prompt_chars)
+    _tokenizer_pool: ThreadPoolExecutor | None = None
+
+    def tokenizer_pool(self) -> ThreadPoolExecutor:
+        """The threads that tokenize, render chat templates and detokenize, off the event loop."""
+        if self._tokenizer_pool is None:
+            self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="vlite-tokenizer")
+        return self._tokenizer_pool
 
     @property
     def model_name(self) -> str:
