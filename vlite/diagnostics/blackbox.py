@@ -281,9 +281,10 @@ class _Driver:
 
         await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), _REPLAY_TIMEOUT_S)
 
-    async def probe(self, client: httpx.AsyncClient, wave: str) -> ServerState | None:
+    async def probe(self, client: httpx.AsyncClient, wave: str, before: ServerState | None = None
+                    ) -> ServerState | None:
         """A 1-token request (forces an engine step), then idle again; the state after it."""
-        before = await self.wait_idle(client)
+        before = before or await self.wait_idle(client)
         if before is None:
             return None
         self._probe_no += 1
@@ -303,9 +304,10 @@ class _Driver:
 
     async def idle_point(self, client: httpx.AsyncClient, wave: str) -> ServerState | None:
         """Drain, probe, and return the confirmed idle state (None: never drained in time)."""
-        if await self.wait_idle(client) is None:
+        idle = await self.wait_idle(client)
+        if idle is None:
             return None
-        return await self.probe(client, wave)
+        return await self.probe(client, wave, idle)
 
 
 def _rss(memory) -> int | None:
@@ -338,8 +340,10 @@ async def _replay_waves(driver: _Driver, waves: list[list[RequestSpec]], results
 
 
 async def _confirm(driver: _Driver, baseline: float, last: float, budget_s: float) -> float:
-    """Probe again (every 2 s, up to ``budget_s``) while KV stays above the baseline: a lagging
-    gauge comes back, a leak does not. Returns the last KV used read."""
+    """Probe twice more, then (servers whose idle gauges lag, ``adapter.gauge_lag_s``) every 2 s
+    for up to min(lag, ``budget_s``) while KV stays above the baseline: a lagging gauge comes back,
+    a leak does not. Returns the last KV used read."""
+    budget_s = min(budget_s, driver.conn.adapter.gauge_lag_s)
     deadline = time.monotonic() + budget_s
     async with httpx.AsyncClient(timeout=30.0) as client:
         for _ in range(2):  # at least two more probes
@@ -367,7 +371,7 @@ async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float
         if after is None:
             return False, 0.0
         delta = after.kv_used - before.kv_used
-        return delta > tol, delta
+        return abs(delta) > tol, delta
 
 
 async def _bisect(driver: _Driver, candidates: list[RequestSpec], deadline: float, tol: float, label: str
@@ -457,10 +461,14 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
                        f"scrapes) within --drain-timeout {drain_timeout_s:g} s after "
                        f"{'the baseline' if not used else f'wave {len(used) - 1}'}; no verdict on a busy server")
         else:
-            if final - baseline > tol:
+            if abs(final - baseline) > tol:
                 final = asyncio.run(_confirm(driver, baseline, final, drain_timeout_s))
             residual = final - baseline
-            if residual > tol:
+            if residual < -tol:
+                verdict = "LEAK"
+                summary = (f"LEAK (excess): {-residual:g} {unit} fewer in use at idle than at the baseline "
+                           f"({baseline:g} -> {final:g} {unit}): blocks freed twice (double free) or a double count")
+            elif residual > tol:
                 verdict = "LEAK"
                 summary = (f"LEAK: {residual:g} {unit} of KV cache still used at idle after {len(driver.probes)} "
                            f"probes (baseline {baseline:g} -> {final:g} {unit})")
@@ -471,7 +479,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         if verdict == "LEAK" and len(used) >= 2:
             kinds = sorted({s.action.kind for s in specs}, key=list(ACTION_KINDS).index)
             counts = np.array([[sum(s.action.kind == k for s in wave) for k in kinds] for wave in waves[:len(used) - 1]])
-            increments = np.diff(np.array(used, dtype=float))
+            increments = np.abs(np.diff(np.array(used, dtype=float)))  # an excess counts as much as a deficit
             fit = fit_leak_per_action(counts, increments, kinds, seed=seed)
             min_per = 0.25 if unit == "blocks" else (1.0 if unit == "tokens" else 1e-4)
             suspects = _suspects(fit, unit, min_per)

@@ -77,6 +77,7 @@ class Adapter:
     markers: tuple[str, ...] = ()
     reads: dict[str, str] = {}
     caveat = ""
+    gauge_lag_s = 0.0  # how long idle gauges may lag behind the engine (seconds)
 
     def matches(self, page: MetricsPage) -> bool:
         return any(page.has(m) for m in self.markers)
@@ -154,6 +155,7 @@ class SglangAdapter(Adapter):
              "num_running": "sglang:num_running_reqs", "num_waiting": "sglang:num_queue_reqs",
              "prefix_cache": "sglang:prompt_tokens_total / sglang:cached_tokens_total"}
     caveat = "needs --enable-metrics; idle gauges are refreshed on the scheduler's log interval and can lag"
+    gauge_lag_s = 60.0
 
     def read(self, page: MetricsPage) -> ServerState:
         used = page.total("sglang:num_used_tokens")
