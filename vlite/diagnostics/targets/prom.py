@@ -78,8 +78,8 @@ def parse_page(text: str) -> MetricsPage:
             for s in fam.samples:
                 samples.append(Sample(s.name, dict(s.labels), float(s.value)))
     except (ValueError, TypeError, IndexError) as exc:
-        head = " ".join(text.strip().split())[:60]
-        raise MetricsFormatError(f"not Prometheus text ({exc}); the page starts with {head!r}") from exc
+        head = " ".join(text.strip().split())[:48]
+        raise MetricsFormatError(f"not Prometheus text; the page starts with {head!r}") from exc
     if not samples:
         raise MetricsFormatError("the page holds no metric sample (empty or comments only)")
     return MetricsPage(samples)
