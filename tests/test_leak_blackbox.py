@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from serve_harness import ServerProcess, free_port, running
+
 from vlite.diagnostics.actions import ClientAction
 from vlite.diagnostics.blackbox import connect, run_blackbox, split_waves
 from vlite.diagnostics.workload import jsonl_workload, synthetic_workload, with_action

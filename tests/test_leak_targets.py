@@ -250,3 +250,15 @@ def test_listening_pid_finds_this_process():
         time.sleep(0.05)
         assert listening_pid(f"http://127.0.0.1:{port}") == os.getpid()
     assert is_local_url("http://127.0.0.1:1") and is_local_url("http://localhost:8000")
+
+
+def test_from_log_on_real_server_logs():
+    """A real vLLM 0.32 (CPU) log of a clean run, and a real `vlite serve --inject-fault
+    skip-free-on-abort --log-stats` log whose idle lines stay above 0."""
+    from vlite.diagnostics.from_log import analyze_log
+
+    clean = analyze_log(FIX / "vllm-0.32.0-cpu-clean-run.log")
+    assert clean.verdict == "CLEAN" and clean.server_kind == "vllm" and clean.info["stats_lines"] == 4
+    leak = analyze_log(FIX / "vlite-serve-skip-free-on-abort.log")
+    assert leak.verdict == "LEAK" and leak.server_kind == "vlite" and leak.unit == "blocks"
+    assert leak.info["idle_stretches"][-1]["last_used"] == 36.0  # 96 - 45 free - 15 cached

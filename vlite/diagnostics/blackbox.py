@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from vlite.diagnostics.actions import ACTION_KINDS, ABORT_KINDS, ClientAction, plan_action
+from vlite.diagnostics.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
 from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.detect import Trend, trough_trend
 from vlite.diagnostics.http_target import TargetError, _one, _wait_ready
@@ -249,6 +249,7 @@ class _Driver:
         self.drain_timeout_s = drain_timeout_s
         self.probes: list[dict] = []
         self._probe_no = 0
+        self.wave_timeout_s = max(120.0, 5 * drain_timeout_s)  # a wave's requests must end by then
 
     async def read(self, client: httpx.AsyncClient) -> ServerState:
         r = await client.get(f"{self.conn.base}/metrics", headers=self.conn.headers)
@@ -272,14 +273,21 @@ class _Driver:
             await asyncio.sleep(SCRAPE_PERIOD_S)
         return None
 
-    async def send(self, specs: list[RequestSpec], results: dict[str, RequestResult]) -> None:
+    async def send(self, specs: list[RequestSpec], results: dict[str, RequestResult],
+                   timeout_s: float = _REPLAY_TIMEOUT_S) -> bool:
+        """Send ``specs`` (up to max_concurrency at once); False when they did not all end within
+        ``timeout_s`` (the rest are cancelled: their connections close, an abort to the server)."""
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def launch(spec: RequestSpec) -> None:
             async with sem:
                 await _one(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
 
-        await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), _REPLAY_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), max(0.1, timeout_s))
+            return True
+        except TimeoutError:
+            return False
 
     async def probe(self, client: httpx.AsyncClient, wave: str, before: ServerState | None = None
                     ) -> ServerState | None:
@@ -329,7 +337,9 @@ async def _replay_waves(driver: _Driver, waves: list[list[RequestSpec]], results
         for w, wave in enumerate(waves):
             for s in wave:
                 results[s.request_id].arrival_time = time.time()
-            await driver.send(wave, results)
+            if not await driver.send(wave, results, driver.wave_timeout_s):
+                out.notes.append(f"wave {w + 1} did not finish within {driver.wave_timeout_s:g} s (requests "
+                                 "cancelled: their connections were closed)")
             completed += len(wave)
             state = await driver.idle_point(client, f"wave {w + 1}")
             if state is None:
@@ -358,15 +368,18 @@ async def _confirm(driver: _Driver, baseline: float, last: float, budget_s: floa
     return last
 
 
-async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float) -> tuple[bool, float]:
-    """Replay ``specs`` (fresh ids) between two confirmed idle points: does KV stay above?"""
+async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float, deadline: float
+                 ) -> tuple[bool, float]:
+    """Replay ``specs`` (fresh ids) between two confirmed idle points: does KV stay above?
+    A replay still running at ``deadline`` (time.monotonic) is cancelled and counts as no."""
     async with httpx.AsyncClient(timeout=30.0) as client:
         before = await driver.idle_point(client, f"bisection {tag} (before)")
         if before is None:
             return False, 0.0
         fresh = [replace(s, request_id=f"{s.request_id}-{tag}") for s in specs]
         results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, time.time()) for s in fresh}
-        await driver.send(fresh, results)
+        if not await driver.send(fresh, results, deadline - time.monotonic()):
+            return False, 0.0
         after = await driver.idle_point(client, f"bisection {tag}")
         if after is None:
             return False, 0.0
@@ -383,7 +396,7 @@ async def _bisect(driver: _Driver, candidates: list[RequestSpec], deadline: floa
     async def test(subset):
         nonlocal n
         n += 1
-        leaked, delta = await _leaks(driver, subset, f"{label}{n}", tol)
+        leaked, delta = await _leaks(driver, subset, f"{label}{n}", tol, deadline)
         log.append({"suspect": label, "tested": [s.request_id for s in subset], "leaked": leaked, "delta": delta})
         return leaked
 
@@ -485,6 +498,11 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
             suspects = _suspects(fit, unit, min_per)
             deadline = time.monotonic() + bisect_budget_s
             for sus in suspects:
+                last = driver.probes[-1]["kv_used_after"] if driver.probes else None
+                if first.kv_total and last is not None and last >= 0.9 * first.kv_total:
+                    notes.append(f"bisection stopped: the leak holds {last:g} of {first.kv_total:g} {unit}, the "
+                                 "pool is nearly exhausted (restart the server to bisect further)")
+                    break
                 cands = [s for s in specs if s.action.kind == sus["client_action"]]
                 minimal, log = asyncio.run(_bisect(driver, cands, deadline, tol, f"b{len(bis_log)}-"))
                 bis_log.extend(log)
@@ -504,6 +522,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
              "num_requests": len(specs), "num_waves": len(waves), "gpu_source": getattr(memory, "gpu_source", None),
              "replay_s": round(time.time() - t0, 2), "sampler_errors": sampler.errors,
              "drain_timeout_s": drain_timeout_s, "bisect_budget_s": bisect_budget_s, **(info or {})}
+    notes.extend(out.notes)
     notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,

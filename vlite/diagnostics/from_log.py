@@ -146,7 +146,8 @@ def analyze_log(path: Path) -> BlackboxResult:
         above = [s for s in stretches if s["min_used"] > 0]
         if last["min_used"] > 0 and last["lines"] >= 2:
             verdict = "LEAK"
-            summary = (f"LEAK: KV cache usage stays at {last['min_used']:g} {unit} through the last idle stretch "
+            summary = (f"LEAK: KV cache usage stays above 0 (min {last['min_used']:g}, last {last['last_used']:g} "
+                       f"{unit}) through the last idle stretch "
                        f"(lines {last['first_line']}-{last['last_line']}, {last['lines']} stats lines with 0 running "
                        f"and 0 waiting); {len(above)} of {len(stretches)} idle stretches stay above 0")
         elif trend.rising:
