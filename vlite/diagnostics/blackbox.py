@@ -249,7 +249,7 @@ class _Driver:
         self.drain_timeout_s = drain_timeout_s
         self.probes: list[dict] = []
         self._probe_no = 0
-        self.wave_timeout_s = max(120.0, 5 * drain_timeout_s)  # a wave's requests must end by then
+        self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
 
     async def read(self, client: httpx.AsyncClient) -> ServerState:
         r = await client.get(f"{self.conn.base}/metrics", headers=self.conn.headers)
@@ -301,7 +301,8 @@ class _Driver:
         status: int | str
         try:
             r = await client.post(f"{self.conn.base}/v1/completions", json=body,
-                                  headers={"X-Request-Id": rid, **self.conn.headers}, timeout=60)
+                                  headers={"X-Request-Id": rid, **self.conn.headers},
+                                  timeout=min(60.0, self.drain_timeout_s))
             status = r.status_code
         except httpx.HTTPError as exc:
             status = f"{type(exc).__name__}"
@@ -468,6 +469,11 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
             verdict = "INCONCLUSIVE"
             summary = (f"INCONCLUSIVE: this {conn.adapter.kind} server exports no KV-cache gauge "
                        f"({conn.adapter.caveat}); only process memory was sampled")
+        elif not drained and len(used) >= 2 and used[-1] - baseline > tol:
+            verdict = "LEAK"
+            summary = (f"LEAK: {used[-1] - baseline:g} {unit} of KV cache still used at the idle point after wave "
+                       f"{len(used) - 1} (after a probe; baseline {baseline:g}); then the server stopped draining "
+                       f"within --drain-timeout {drain_timeout_s:g} s (the leak may have exhausted the pool)")
         elif not drained:
             verdict = "INCONCLUSIVE"
             summary = (f"INCONCLUSIVE: the server did not drain (running == waiting == 0 for {IDLE_SCRAPES} "
