@@ -32,7 +32,7 @@ PY
 COMMON="--num-requests 40 --abort-rate 0.5 --input-len 16:48 --output-len 8:16"
 run_case none "--num-blocks 128" "$COMMON"
 run_case skip-free-on-abort "--num-blocks 128 --inject-fault skip-free-on-abort" "$COMMON"
-run_case leak-on-preempt "--num-blocks 24 --inject-fault leak-on-preempt" "--num-requests 40 --abort-rate 0 --input-len 40:64 --output-len 24:40 --max-concurrency 16"
+run_case leak-on-preempt "--num-blocks 16 --inject-fault leak-on-preempt" "--num-requests 24 --abort-rate 0 --input-len 40:60 --output-len 60:90 --max-concurrency 24 --idle-every 8 --drain-timeout 15"
 run_case double-free "--num-blocks 128 --inject-fault double-free" "$COMMON"
 run_case refcount-not-decremented-on-fork "--num-blocks 128 --inject-fault refcount-not-decremented-on-fork" "$COMMON --n 2"
 run_case orphan-block-table "--num-blocks 128 --inject-fault orphan-block-table" "$COMMON"
