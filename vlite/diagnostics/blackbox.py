@@ -16,7 +16,8 @@ client action leaves KV cache behind.
    each client action kind by non-negative least squares (``scipy.optimize.nnls``; numpy's lstsq
    clipped at 0 when scipy is missing), with a 95% bootstrap interval over waves: KV units left
    per request, by client action.
-4. **Bisection**: for each suspected kind, its requests are replayed (fresh request ids) and
+4. **Bisection**: for each suspected kind, its requests are replayed (fresh request ids, and a
+   unique first word so that a prefix-cache hit on a leaked block cannot hide a new leak) and
    halved while a half still leaves usage behind, within ``bisect_budget_s``: the minimal set is
    the reproducer (``reproducer.jsonl``, replayable with ``--workload``).
 """
@@ -377,7 +378,8 @@ async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float
         before = await driver.idle_point(client, f"bisection {tag} (before)")
         if before is None:
             return False, 0.0
-        fresh = [replace(s, request_id=f"{s.request_id}-{tag}") for s in specs]
+        # A unique first word per replay: a prefix-cache hit on a leaked block would hide a new leak.
+        fresh = [replace(s, request_id=f"{s.request_id}-{tag}", prompt=f"{tag} {s.prompt}") for s in specs]
         results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, time.time()) for s in fresh}
         if not await driver.send(fresh, results, deadline - time.monotonic()):
             return False, 0.0

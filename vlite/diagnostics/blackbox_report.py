@@ -77,7 +77,9 @@ def report_dict(res: BlackboxResult) -> dict:
 
 
 def _trace_row(spec) -> dict:
-    row = {"arrival_s": 0.0, "request_id": f"repro-{spec.request_id}", "prompt": spec.prompt,
+    # The prompt starts with the request id: it misses the prefix cache, whose leaked blocks a plain
+    # replay of the same prompt would reuse instead of leaking new ones.
+    row = {"arrival_s": 0.0, "request_id": f"repro-{spec.request_id}", "prompt": f"repro-{spec.request_id} {spec.prompt}",
            "max_tokens": spec.max_tokens, "client_action": action_text(spec.action),
            "temperature": spec.temperature, "ignore_eos": spec.ignore_eos}
     if spec.n != 1:
@@ -88,8 +90,8 @@ def _trace_row(spec) -> dict:
 def curl_command(spec, base_url: str) -> str:
     """A curl command that approximates the request's client action (see docs/leak-check.md)."""
     a = spec.action
-    body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
-            "ignore_eos": spec.ignore_eos, "stream": a.streams}
+    body = {"prompt": f"repro-{spec.request_id} {spec.prompt}", "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature, "ignore_eos": spec.ignore_eos, "stream": a.streams}
     head = (f"curl -sN {base_url}/v1/completions -H 'Content-Type: application/json' "
             f"-H 'X-Request-Id: repro-{spec.request_id}'")
     data = f"-d {shlex.quote(json.dumps(body))}"
