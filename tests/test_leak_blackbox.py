@@ -157,3 +157,60 @@ def test_never_draining_server_is_inconclusive_not_clean(fake_server, tmp_path):
     assert "INCONCLUSIVE" in res.stdout and "did not drain" in res.stdout and "CLEAN" not in res.stdout
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["verdict"] == "INCONCLUSIVE" and rep["server_kind"] == "vllm" and rep["run"]["block_size"] == 128
+
+
+def _vllm_page(used_blocks: int, running: int = 0) -> str:
+    return ('vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="101"} 1.0\n'
+            f'vllm:num_requests_running{{engine="0"}} {running}.0\nvllm:num_requests_waiting{{engine="0"}} 0.0\n'
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {used_blocks / 100}\n')
+
+
+@pytest.fixture
+def stepping_server():
+    """A fake vLLM whose gauges change only when the engine steps (a completion request arrives):
+    after a workload request they freeze 3 blocks above what is really held, with 0 running; a
+    1-token probe makes it step and the gauges read what is held. Each workload request leaves
+    ``leak_per_request`` blocks held."""
+    servers = []
+
+    def start(leak_per_request: int) -> str:
+        state = {"shown": 0, "held": 0}
+
+        class H(_Fake):
+            def do_GET(self):  # noqa: N802
+                type(self).metrics = _vllm_page(state["shown"])
+                super().do_GET()
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if body.get("max_tokens") == 1 and body.get("prompt") == "probe":
+                    state["shown"] = state["held"]
+                else:
+                    state["held"] += leak_per_request
+                    state["shown"] = state["held"] + 3
+                super().do_POST()
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_probe_unfreezes_stale_gauges_and_a_real_residual_stays(stepping_server):
+    specs = synthetic_workload(4, input_len=(8, 8), output_len=(4, 4), seed=1)
+    stale = connect(stepping_server(leak_per_request=0))
+    assert stale.adapter.kind == "vllm"
+    res = run_blackbox(stale, split_waves(specs, 2), drain_timeout_s=5, bisect_budget_s=0, server_pid=None)
+    # Without the probes every idle point would read the frozen 3 blocks: a false LEAK.
+    assert res.verdict == "CLEAN", res.summary
+    assert [p["kv_used_before"] for p in res.probes] == [0, 3, 3] and all(p["kv_used_after"] == 0 for p in res.probes)
+    held = connect(stepping_server(leak_per_request=1))
+    res = run_blackbox(held, split_waves(specs, 2), drain_timeout_s=5, bisect_budget_s=0, server_pid=None)
+    assert res.verdict == "LEAK" and res.residual == 4.0 and res.unit == "blocks", res.summary
+    assert len(res.probes) >= 5  # two more probes confirmed the residual
+    assert [(s["client_action"], s["blocks_per_request"]) for s in res.suspects] == [("complete", 1.0)]

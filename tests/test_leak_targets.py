@@ -263,3 +263,11 @@ def test_from_log_on_real_server_logs():
     leak = analyze_log(FIX / "vlite-serve-skip-free-on-abort.log")
     assert leak.verdict == "LEAK" and leak.server_kind == "vlite" and leak.unit == "blocks"
     assert leak.info["idle_stretches"][-1]["last_used"] == 36.0  # 96 - 45 free - 15 cached
+
+
+def test_prefix_cache_occupancy_is_not_used():
+    """An idle vlite server with a warm prefix cache: cached blocks are free, used is 0."""
+    page = parse_page('vlite:num_total_blocks 96\nvlite:num_free_blocks 40\nvlite:num_cached_blocks 56\n'
+                      'vlite:num_requests_running 0\nvlite:num_requests_waiting 0\n')
+    s = detect_kind(page).read(page)
+    assert s.kv_used == 0 and s.idle and s.kv_usage == 0
