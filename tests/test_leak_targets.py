@@ -251,6 +251,7 @@ def test_listening_pid_finds_this_process():
         time.sleep(0.05)
         assert listening_pid(f"http://127.0.0.1:{port}") == os.getpid()
     assert is_local_url("http://127.0.0.1:1") and is_local_url("http://localhost:8000")
+    assert not is_local_url("http://192.0.2.7:8000")  # TEST-NET-1: a remote server gets metrics only
 
 
 def test_from_log_on_real_server_logs():
