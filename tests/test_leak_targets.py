@@ -272,3 +272,18 @@ def test_prefix_cache_occupancy_is_not_used():
                       'vlite:num_requests_running 0\nvlite:num_requests_waiting 0\n')
     s = detect_kind(page).read(page)
     assert s.kv_used == 0 and s.idle and s.kv_usage == 0
+
+
+def test_white_box_report_directory_gets_a_single_file_html(tiny_checkpoint, tmp_path):
+    from conftest import make_engine
+
+    from vlite.diagnostics.report import write_report
+    from vlite.diagnostics.run import run_in_process
+
+    engine = make_engine(tiny_checkpoint, num_blocks=32)
+    run = run_in_process(engine, synthetic_workload(4, input_len=(8, 16), output_len=(4, 6), seed=0),
+                         max_concurrency=4, idle_every=2, sample_interval_s=0.05)
+    out = write_report(run, tmp_path / "wb")
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and html.count("data:image/png;base64,") == 4
+    assert "CLEAN" in html and "<table>" in html
