@@ -85,6 +85,8 @@ def leak_check(
     for f in inject_fault:
         if f not in FAULTS:
             common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
+    if not url and (blackbox or api_key or server_pid or server_kind != "auto"):
+        common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
     if url and inject_fault:
