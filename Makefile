@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 VLITE := $(VENV)/bin/vlite
 STAMP := $(VENV)/.vlite-setup-done
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean interop
 
 setup: $(STAMP)
 
@@ -27,8 +27,13 @@ run: setup
 test: setup
 	$(PY) -m pytest -q tests
 
+# Not in .ci/run (CI time is shared): installs vLLM's CPU build into .venv-vllm (its own venv), serves
+# the default model with it and runs vlite leak-check against it as a black box. See docs/leak-check.md.
+interop: setup
+	bash tests/interop/vllm.sh
+
 lint: setup
 	$(VENV)/bin/ruff check vlite tests benchmarks
 
 clean:
-	rm -rf $(VENV) leak-report
+	rm -rf $(VENV) leak-report interop-report

@@ -67,5 +67,5 @@ def load_engine(config: EngineConfig):
 
 
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, never folded
     sys.exit(code)

@@ -1,7 +1,8 @@
 """``vlite leak-check``: replay a workload with injected client aborts, sample memory and the
 free list, drain, and report leaked KV blocks (and per-request state) by origin.
 
-Exit code: 0 clean, 1 leak found (or a scenario failed), 2 usage error.
+Exit code: 0 clean, 1 leak found (or a scenario failed), 2 usage error, 3 inconclusive (black-box
+or --from-log: the server never drained, or the log has no idle stretch).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def leak_check(
                                                "trend its troughs (default: num_requests/5; 0 = never)."),
     abort_rate: float = typer.Option(0.0, "--abort-rate", min=0.0, max=1.0, help="Fraction of requests aborted."),
     abort_mode: str = typer.Option("mix", "--abort-mode", help=_MIX_HELP),
-    url: str | None = typer.Option(None, "--url", help="Target a running `vlite serve` (http://host:port)."),
+    url: str | None = typer.Option(None, "--url", help="Target a running server (http://host:port): vlite serve, vLLM, SGLang, llama.cpp or TGI."),
     sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", min=1.0, help="Sampling period, ms."),
     report: Path | None = typer.Option(None, "--report",  # noqa: B008 (Typer's option style)
                                        help="Write report.json, samples.csv, report.md, PNGs here."),
@@ -58,6 +59,21 @@ def leak_check(
     max_num_batched_tokens: int = common.MaxBatchedOpt,
     dtype: str = common.DtypeOpt,
     device: str | None = common.DeviceOpt,
+    server_kind: str = typer.Option("auto", "--server-kind",
+                                    help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp or tgi."),
+    blackbox: bool = typer.Option(False, "--blackbox",
+                                  help="With --url: use only /metrics and process memory (automatic for servers "
+                                       "other than vlite)."),
+    api_key: str | None = typer.Option(None, "--api-key", help="Bearer key of the server (--url)."),
+    server_pid: int | None = typer.Option(None, "--server-pid", min=1,
+                                          help="The server's root process (default: the one listening on the port)."),
+    drain_timeout: float = typer.Option(60.0, "--drain-timeout", min=0.1,
+                                        help="Black-box: seconds to wait for the server to go idle (else "
+                                             "INCONCLUSIVE, exit 3)."),
+    bisect_budget: float = typer.Option(60.0, "--bisect-budget", min=0.0,
+                                        help="Black-box: seconds for bisecting the leaking requests."),
+    from_log: Path | None = typer.Option(None, "--from-log",  # noqa: B008 (Typer's option style)
+                                         help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
     from vlite.diagnostics.actions import ABORT_MODES
@@ -69,12 +85,18 @@ def leak_check(
     for f in inject_fault:
         if f not in FAULTS:
             common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
+    if not url and (blackbox or api_key or server_pid or server_kind != "auto"):
+        common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     interval_s = sample_interval_ms / 1000.0
     t_start = time.time()
+    if from_log is not None:
+        from vlite.cli.leak_check_blackbox import run_from_log
+
+        sys.exit(run_from_log(from_log, console, report))
 
     if scenario:
         sys.exit(_run_scenarios(scenario, console, report, model, num_blocks, block_size, kv_cache_memory_bytes,
@@ -89,6 +111,15 @@ def leak_check(
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     if url:
+        from vlite.cli.leak_check_blackbox import connect_or_fail, run_blackbox_cli
+
+        conn = connect_or_fail(url, server_kind, api_key)
+        if blackbox or conn.adapter.kind != "vlite" or api_key:
+            sys.exit(run_blackbox_cli(conn, url, specs, workload, console, report, info, seed=seed,
+                                      abort_rate=abort_rate, abort_mode=abort_mode, idle_every=idle_every,
+                                      max_concurrency=max_concurrency, interval_s=interval_s,
+                                      drain_timeout=drain_timeout, bisect_budget=bisect_budget,
+                                      server_pid=server_pid, t_start=t_start))
         from vlite.diagnostics.http_target import TargetError, run_http
 
         try:

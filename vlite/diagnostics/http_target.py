@@ -67,14 +67,19 @@ def server_pid(base: str) -> int | None:
     return None
 
 
-async def _one(base: str, spec: RequestSpec, res: RequestResult) -> None:
-    """Send one completion request and carry out its client action."""
+async def _one(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
+               extra_body: dict | None = None) -> None:
+    """Send one completion request and carry out its client action.
+
+    ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as given.
+    """
     a = spec.action
     body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
             "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "stream": a.streams, "n": spec.n}
     if spec.seed is not None:
         body["seed"] = spec.seed
-    headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label}
+    body.update(extra_body or {})
+    headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label, **(extra_headers or {})}
     if spec.client_tag:
         headers["X-Vlite-Client-Tag"] = spec.client_tag
     res.arrival_time = time.time()

@@ -117,7 +117,7 @@ def report_markdown(run, plots: list[str]) -> str:
 
 
 def write_report(run, out_dir: Path) -> Path:
-    """Write report.json, samples.csv, report.md and the PNG plots into ``out_dir`` (created).
+    """Write report.json, samples.csv, report.md, report.html and the PNG plots into ``out_dir`` (created).
 
     Raises:
         OSError: the directory cannot be created or written.
@@ -130,4 +130,7 @@ def write_report(run, out_dir: Path) -> Path:
     run.samples.to_csv(out_dir / "samples.csv", index=False)
     plots = write_plots(run, out_dir)
     (out_dir / "report.md").write_text(report_markdown(run, plots))
+    from vlite.diagnostics.html_report import write_html
+
+    write_html(out_dir, (out_dir / "report.md").read_text())  # one file, plots embedded
     return out_dir

@@ -1,0 +1,83 @@
+"""The black-box and ``--from-log`` paths of ``vlite leak-check`` (kept apart from the in-process
+and vlite-over-HTTP paths in ``leak_check.py``).
+
+Exit codes: 0 CLEAN, 1 LEAK, 2 usage error (one line on stderr), 3 INCONCLUSIVE.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from vlite.cli import common
+
+
+def connect_or_fail(url: str, server_kind: str, api_key: str | None):
+    """Connect to ``url`` and detect its kind; a one-line error and exit 2 when that fails."""
+    from vlite.diagnostics.blackbox import connect
+    from vlite.diagnostics.http_target import TargetError
+
+    try:
+        return connect(url, server_kind, api_key)
+    except TargetError as exc:
+        common.fail(str(exc))
+
+
+def _finish(res, console: Console, report: Path | None) -> int:
+    from vlite.diagnostics.blackbox_report import print_blackbox, write_blackbox_report
+
+    print_blackbox(res, console)
+    if report is not None:
+        try:
+            write_blackbox_report(res, report)
+        except OSError as exc:
+            common.fail(f"cannot write the report to {report}: {exc}")
+        extra = ", reproducer.jsonl" if res.reproducer else ""
+        console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv{extra}, *.png)",
+                      highlight=False)
+    return res.exit_code
+
+
+def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, report: Path | None, info: dict, *,
+                     seed: int, abort_rate: float, abort_mode: str, idle_every: int | None, max_concurrency: int,
+                     interval_s: float, drain_timeout: float, bisect_budget: float, server_pid: int | None,
+                     t_start: float) -> int:
+    """Design the waves, run the black-box check, print and write the report; returns the exit code."""
+    from vlite.diagnostics.actions import ABORT_KINDS
+    from vlite.diagnostics.blackbox import design_waves, run_blackbox, split_waves
+
+    if workload.endswith(".jsonl"):
+        waves = split_waves(specs, idle_every if idle_every is not None else max(1, -(-len(specs) // 8)))
+    else:
+        num_waves = -(-len(specs) // idle_every) if idle_every else min(10, len(specs))
+        kinds = ABORT_KINDS if abort_mode == "mix" else (abort_mode,)
+        waves = design_waves(specs, num_waves, seed, abort_rate, kinds)
+    first = conn.state()
+    pool = f", pool {first.kv_total:g} {first.unit}" if first.kv_total else ""
+    bs = f", block_size {first.block_size} tokens" if first.block_size else ""
+    console.print(f"leak-check (black-box): {len(specs)} requests in {len(waves)} waves against {conn.adapter.kind} "
+                  f"at {conn.base}{bs}{pool}", highlight=False)
+    info = dict(info, idle_every=len(waves[0]) if waves else 0)
+    res = run_blackbox(conn, waves, max_concurrency=max_concurrency, drain_timeout_s=drain_timeout,
+                       bisect_budget_s=bisect_budget, sample_interval_s=interval_s, server_pid=server_pid, url=url,
+                       seed=seed, info=info)
+    res.info["total_s"] = round(time.time() - t_start, 2)
+    console.print(f"{len(specs)} requests in {res.info.get('replay_s')} s (total {res.info['total_s']} s); "
+                  f"{len(res.samples)} samples", highlight=False)
+    return _finish(res, console, report)
+
+
+def run_from_log(path: Path, console: Console, report: Path | None) -> int:
+    """``--from-log``: read the stats lines, decide, print and write the report; returns the exit code."""
+    from vlite.diagnostics.from_log import LogError, analyze_log
+
+    try:
+        res = analyze_log(path)
+    except LogError as exc:
+        common.fail(str(exc))
+    console.print(f"leak-check --from-log {path}: {res.info['stats_lines']} stats lines "
+                  f"({res.info['unparsable_lines']} unparsable, {res.info['other_lines']} other lines)",
+                  highlight=False)
+    return _finish(res, console, report)
