@@ -61,6 +61,7 @@ class Scheduler:
         self.requests: dict[str, list[Sequence]] = {}  # live sequences by request id
         self.step_counter = 0
         self.num_preemptions_total = 0
+        self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
 
     # ---- queue management ----------------------------------------------------------------
     def add_sequence(self, seq: Sequence) -> None:
@@ -129,6 +130,8 @@ class Scheduler:
                 self.block_manager.prefix_cache_hits += num_cached
             seq.num_computed_tokens += num_cached
             self.waiting.popleft()
+            if seq.status is SequenceStatus.PREEMPTED:
+                self.num_resumptions_total += 1
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
