@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.workload import RequestSpec
+from vlite.engine.introspection import EngineView
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.sequence import RequestOrigin
 
@@ -192,7 +193,8 @@ class InProcessClient:
         return True
 
     def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
-        res.abort_step, res.tokens_at_abort = self.engine.stats().step, res.num_output_tokens
+        view = EngineView(self.engine)
+        res.abort_step, res.tokens_at_abort = view.step, view.request_tokens(rid)
         res.abort_time = res.end_time = time.time()
         try:
             self.engine.abort(rid)

@@ -130,7 +130,7 @@ class RequestHistory:
     finished_time: float | None
     released_time: float | None
     released_step: int | None
-    num_output_tokens: int
+    num_output_tokens: int  # the most of any of its sequences (tokens)
     num_preemptions: int
 
 
@@ -202,9 +202,18 @@ class EngineView:
             rel = last_release.get(rid)
             out[rid] = RequestHistory(rid, finished, tuple(r.finish_reason for r in recs if r.finish_reason),
                                       max(times) if finished and times else None, rel[0] if rel else None,
-                                      rel[1] if rel else None, sum(r.num_output_tokens for r in recs),
+                                      rel[1] if rel else None, max(r.num_output_tokens for r in recs),
                                       sum(r.num_preemptions for r in recs))
         return out
+
+    @property
+    def step(self) -> int:
+        """The engine step counter (steps scheduled since start)."""
+        return self._engine.scheduler.step_counter
+
+    def request_tokens(self, request_id: str) -> int:
+        """Output tokens of a live request now: the most of any of its live sequences (0 if none)."""
+        return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
 
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""
