@@ -42,6 +42,8 @@ KINDS: dict[str, float] = {"plain": 0.30, "shared-prefix": 0.18, "samples": 0.12
                            "stop-token": 0.10, "stop-string": 0.10}
 NUM_PREFIXES = 4
 PREFIX_LEN = 48  # tokens: three full 16-token blocks
+LONG_PROMPT = 300  # tokens: an abort-prefill request's prompt, longer than a 256-token step budget
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # tokens per step for the default run: long prompts are chunked
 CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one word: yes or no?",
                  "What is the capital of France?", "Give me a short greeting.", "Is water wet? Answer briefly.",
                  "Name one fruit.", "What day comes after Monday?", "Count to three."]
@@ -50,8 +52,13 @@ CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one 
 def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                        output_len: tuple[int, int] = (8, 32), request_rate: float = float("inf"),
                        abort_rate: float = 0.3, abort_mode: str = "mix", seed: int = 0, prefix: str = "lc",
-                       in_process: bool = True) -> list[RequestSpec]:
+                       in_process: bool = True, wave_size: int | None = None) -> list[RequestSpec]:
     """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate).
+
+    A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
+    256-token step budget really chunks it. Within each wave of ``wave_size`` requests
+    (default: a fifth of them, leak-check's default ``--idle-every``) the requests planned to
+    abort after a preemption come last: the scheduler preempts the most recently admitted.
 
     Raises:
         WorkloadError: a bad count, length range or rate.
@@ -71,8 +78,27 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         action = plan_action(rng, abort_rate, abort_mode, n_out)
         if in_process and abort_mode == "mix" and action.is_abort and rng.random() < 0.25:
             action = ClientAction(rng.choice(("abort-preempted", "abort-resumed")))
+        if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix", "samples"):
+            n_in = LONG_PROMPT
         specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix))
-    return specs
+    wave = wave_size or max(1, num_requests // 5)
+    late = ("abort-preempted", "abort-resumed")
+    out = []
+    for start in range(0, len(specs), wave):
+        chunk = specs[start:start + wave]
+        out += [s for s in chunk if s.action.kind not in late] + [s for s in chunk if s.action.kind in late]
+    return out
+
+
+def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int = 16) -> int:
+    """A KV cache (blocks) about half of what the average wave asks for, so that recompute
+    preemption is certain, yet at least twice the largest single request (so each fits)."""
+    def need(s: RequestSpec) -> int:
+        return max(s.n, s.beam_width) * -(-(s.prompt_len + s.max_tokens + 8) // block_size)
+
+    demands = [need(s) for s in specs]
+    waves = [sum(demands[i:i + wave_size]) for i in range(0, len(demands), max(1, wave_size))]
+    return max(2 * max(demands), sum(waves) // max(1, len(waves)) // 2)
 
 
 def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientAction, rng: random.Random,
