@@ -78,7 +78,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         action = plan_action(rng, abort_rate, abort_mode, n_out)
         if in_process and abort_mode == "mix" and action.is_abort and rng.random() < 0.25:
             action = ClientAction(rng.choice(("abort-preempted", "abort-resumed")))
-        if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix", "samples"):
+        if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix"):
             n_in = LONG_PROMPT
         specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix))
     wave = wave_size or max(1, num_requests // 5)
@@ -91,14 +91,14 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
 
 
 def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int = 16) -> int:
-    """A KV cache (blocks) about half of what the average wave asks for, so that recompute
-    preemption is certain, yet at least twice the largest single request (so each fits)."""
+    """A KV cache (blocks) about a quarter of what the average wave asks for, so that recompute
+    preemption is certain, yet a little more than the largest single request (so each fits)."""
     def need(s: RequestSpec) -> int:
         return max(s.n, s.beam_width) * -(-(s.prompt_len + s.max_tokens + 8) // block_size)
 
     demands = [need(s) for s in specs]
     waves = [sum(demands[i:i + wave_size]) for i in range(0, len(demands), max(1, wave_size))]
-    return max(2 * max(demands), sum(waves) // max(1, len(waves)) // 2)
+    return max(max(demands) + 4, sum(waves) // max(1, len(waves)) // 4)
 
 
 def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientAction, rng: random.Random,
