@@ -106,6 +106,13 @@ def leak_check(
                            count_tokens=None, n=n, in_process=url is None,
                            wave_size=_default_wave(n_specs, idle_every) if n_specs else None)
     every = _default_wave(len(specs), idle_every)
+    if url:
+        from vlite.diagnostics.actions import IN_PROCESS_ONLY
+
+        bad = next((s for s in specs if s.action.kind in IN_PROCESS_ONLY), None)
+        if bad is not None:
+            common.fail(f"request {bad.request_id}: client action {bad.action.kind!r} needs the in-process target "
+                        "(a client cannot see a preemption over HTTP); drop --url or change the action")
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     if url:

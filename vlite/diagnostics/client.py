@@ -66,6 +66,8 @@ class ReplayResult:
     start_time: float = 0.0
     end_time: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
+    gauge_lags: list[float] = field(default_factory=list)
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
