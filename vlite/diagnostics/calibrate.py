@@ -64,13 +64,23 @@ def engine_greedy(engine) -> GreedyFn:
     from vlite.diagnostics.client import render_prompt
     from vlite.engine.sampling_params import SamplingParams
 
+    from vlite.engine.sequence import RequestOrigin
+
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:
-        prompts = [render_prompt(engine.tokenizer, s) for s, _ in items]
-        params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for _, m in items]
-        outs = engine.generate(prompts, params)
+        ids_by_req: dict[str, list[int]] = {}
+        order = []
+        for s, m in items:
+            rid = f"calibrate-{s.request_id}"
+            engine.add_request(render_prompt(engine.tokenizer, s), SamplingParams(max_tokens=m, temperature=0.0,
+                               ignore_eos=True), request_id=rid, origin=RequestOrigin(rid, route="calibration"))
+            order.append(rid)
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    ids_by_req[o.request_id] = list(o.outputs[0].token_ids)
         res = []
-        for o in outs:
-            ids = list(o.outputs[0].token_ids)
+        for rid in order:
+            ids = ids_by_req.get(rid, [])
             texts = [engine.tokenizer.decode(ids[:j], skip_special_tokens=True) for j in range(len(ids) + 1)]
             res.append((ids, texts))
         return res
