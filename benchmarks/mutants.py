@@ -10,7 +10,7 @@ blamed (the leaked blocks' owner actions and sites, or the registries, zombies, 
 The clean tree is run the same way first: both commands must exit 0 (no false positive).
 
 The model is a tiny random Llama with SmolLM2's tokenizer (built once under --workdir), whose
-EOS id is set to a token its greedy decoding of a chat prompt produces, so that EOS finishes
+EOS ids are set to tokens its greedy decoding of the chat prompts produces, so that EOS finishes
 happen as on an instruction-tuned model. The default command is the README's with a smaller
 workload: `leak-check --num-requests 60 --abort-rate 0.3 --abort-mode mix`.
 
@@ -140,16 +140,16 @@ def build_model(workdir: Path) -> Path:
     engine = LLMEngine(EngineConfig(model=str(out), device="cpu", cache=CacheConfig(num_blocks=64)))
     tok = engine.tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True)
-               for m in CHAT_MESSAGES[:4]]
+               for m in CHAT_MESSAGES]
     outs = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
-    eos = outs[0].outputs[0].token_ids[3]  # greedy's 4th token of the first chat prompt
+    eos = sorted({o.outputs[0].token_ids[3] for o in outs})  # greedy's 4th token of each chat prompt
     cfg = json.loads((out / "config.json").read_text())
-    cfg["eos_token_id"] = int(eos)
+    cfg["eos_token_id"] = eos
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = out / "generation_config.json"
     if gen.exists():
         g = json.loads(gen.read_text())
-        g["eos_token_id"] = int(eos)
+        g["eos_token_id"] = eos
         gen.write_text(json.dumps(g, indent=2))
     return out
 

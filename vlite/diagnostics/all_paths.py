@@ -43,6 +43,7 @@ KINDS: dict[str, float] = {"plain": 0.30, "shared-prefix": 0.18, "samples": 0.12
 NUM_PREFIXES = 4
 PREFIX_LEN = 48  # tokens: three full 16-token blocks
 LONG_PROMPT = 300  # tokens: an abort-prefill request's prompt, longer than a 256-token step budget
+LATE_OUTPUT = 48  # tokens: the least output of a request planned to abort after a preemption
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # tokens per step for the default run: long prompts are chunked
 CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one word: yes or no?",
                  "What is the capital of France?", "Give me a short greeting.", "Is water wet? Answer briefly.",
@@ -58,7 +59,8 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
     256-token step budget really chunks it. Within each wave of ``wave_size`` requests
     (default: a fifth of them, leak-check's default ``--idle-every``) the requests planned to
-    abort after a preemption come last: the scheduler preempts the most recently admitted.
+    abort after a preemption come last, as plain requests with at least ``LATE_OUTPUT`` output
+    tokens: the scheduler preempts the most recently admitted, and they grow the longest.
 
     Raises:
         WorkloadError: a bad count, length range or rate.
@@ -80,6 +82,8 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
             action = ClientAction(rng.choice(("abort-preempted", "abort-resumed")))
         if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix"):
             n_in = LONG_PROMPT
+        if action.kind in ("abort-preempted", "abort-resumed"):
+            kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix))
     wave = wave_size or max(1, num_requests // 5)
     late = ("abort-preempted", "abort-resumed")

@@ -220,7 +220,8 @@ def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdleP
     for row in snap.ledger:
         r = dict(row)
         res = plan.get(r["request_id"])
-        r["action_kind"] = res.action_kind if res else "unknown (not from this workload)"
+        r["action_kind"] = res.action_kind if res else ("calibration run" if str(r["request_id"]).startswith(
+            "calibrate-") else "unknown (not from this workload)")
         r["client_action"] = r.get("client_action") or (res.action_label if res else None)
         r["client_outcome"] = res.detail or res.outcome if res else None
         r["suspected_path"] = _suspected_path(r, snap, in_tables)
