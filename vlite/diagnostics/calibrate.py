@@ -63,7 +63,6 @@ def engine_greedy(engine) -> GreedyFn:
     """Greedy runs on an in-process LLMEngine (chat prompts rendered as the client renders them)."""
     from vlite.diagnostics.client import render_prompt
     from vlite.engine.sampling_params import SamplingParams
-
     from vlite.engine.sequence import RequestOrigin
 
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:

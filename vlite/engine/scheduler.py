@@ -194,8 +194,19 @@ class Scheduler:
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Abort every live sequence of a request, in any state (waiting, mid-prefill,
-        running, preempted). Returns the aborted sequences (empty if none was live)."""
+        running, preempted). Returns the aborted sequences (empty if none was live).
+
+        Raises:
+            the first exception a sequence's finish raised (e.g. a planted fault), after every
+            sequence of the request has been taken out of the queues.
+        """
         seqs = list(self.requests.get(request_id, ()))
-        for seq in seqs:
-            self.finish_sequence(seq, FinishReason.ABORT)
+        errors = []
+        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
+            try:
+                self.finish_sequence(seq, FinishReason.ABORT)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the siblings
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         return seqs
