@@ -226,9 +226,10 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
     from vlite.diagnostics.detect import RSS_THRESHOLD_BYTES_PER_REQUEST, rss_trend
     from vlite.diagnostics.report import _trend_line
 
-    warm = [IdlePoint(0, 0, 0, 100_000_000)] + [IdlePoint(0, 10 * i, 0, 200_000_000 + 100 * i) for i in range(1, 6)]
+    warm = [IdlePoint(0, 0, 0, 100_000_000), IdlePoint(0, 10, 0, 180_000_000)] + \
+        [IdlePoint(0, 10 * i, 0, 200_000_000 + 100 * i) for i in range(2, 7)]
     t = rss_trend(warm)
-    assert t.n == 5 and t.baseline == 200_000_100 and not t.rising  # the warm-up jump is not a trend
+    assert t.n == 5 and t.baseline == 200_000_200 and not t.rising  # the warm-up jump is not a trend
     growing = [IdlePoint(0, 10 * i, 0, 10 * i * 4 * RSS_THRESHOLD_BYTES_PER_REQUEST) for i in range(6)]
     t = rss_trend(growing)
     assert t.rising
@@ -256,3 +257,28 @@ def test_cli_report_has_coverage_and_says_unattributed(tiny_model_dir, tmp_path)
     assert rep["verdict"] == "CLEAN" and rep["zombies"]["zombies"] == [] and rep["registries"]["leftover"] == []
     md = (out / "report.md").read_text()
     assert "unattributed" in md and "not exercised: EOS finish" in md
+
+
+def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_gauge():
+    from vlite.diagnostics.client import RequestResult
+    from vlite.diagnostics.zombie import zombie_check
+
+    def left(rid, t, step, tokens):
+        r = RequestResult(rid, "abort-after-tokens", "abort after 2 tokens", 0.0, outcome="aborted", abort_time=t)
+        r.abort_step, r.tokens_at_abort = step, tokens
+        return r
+
+    hist = {"a": {"finished": True, "finished_time": 10.0, "released_time": 10.0, "released_step": 5,
+                  "num_output_tokens": 2},
+            "b": {"finished": True, "finished_time": 10.5, "released_time": 10.5, "released_step": 9,
+                  "num_output_tokens": 6},
+            "c": {"finished": True, "finished_time": 12.5, "released_time": 12.5, "released_step": None,
+                  "num_output_tokens": 2},
+            "d": {"finished": False}}
+    z = zombie_check([left("a", 10.0, 5, 2), left("b", 10.0, 5, 2), left("c", 11.0, None, None),
+                      left("d", 10.0, 5, 2)], hist)
+    assert [r["request_id"] for r in z["zombies"]] == ["b", "c"]  # 4 steps in process; 1.5 s when steps unknown
+    assert z["not_released"] == ["d"] and z["distribution"]["n"] == 3 and z["distribution"]["max_steps"] == 4
+    assert z["distribution"]["tokens_after_leaving_total"] == 4
+    assert zombie_check([], {}, gauge_lag_s=2.5)["zombies"][0]["client_action"] == "(running-request gauge)"
+    assert zombie_check([], {}, gauge_lag_s=0.2)["zombies"] == []
