@@ -99,6 +99,7 @@ class InProcessClient:
         self.probe = probe
         self.stall_steps = stall_steps
         self._quiet_steps = 0
+        self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
 
     def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0) -> ReplayResult:
         """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
@@ -132,9 +133,9 @@ class InProcessClient:
                         done(spec.request_id)
                 else:
                     done(spec.request_id)
-            if wave_full and not inflight and not engine.has_unfinished_requests():
+            if wave_full and not inflight and (not engine.has_unfinished_requests() or self._stuck):
                 self._idle_point(out, completed)
-                in_wave = 0
+                in_wave, self._stuck = 0, False
                 continue
             self._check_timeouts(inflight, results, done)
             if engine.has_unfinished_requests():
@@ -167,6 +168,11 @@ class InProcessClient:
 
     def _give_up(self, out: ReplayResult, inflight, results, done) -> None:
         s = self.engine.stats()
+        if not inflight:  # sequences no client waits for never end: count the wave as over
+            out.notes.append(f"the engine never went idle: {s.num_running} running, {s.num_waiting} waiting "
+                             f"after {self._quiet_steps} steps without output, with no request in flight")
+            self._stuck, self._quiet_steps = True, 0
+            return
         out.notes.append(f"the engine stalled: no token and no finished request in {self._quiet_steps} steps "
                          f"({s.num_running} running, {s.num_waiting} waiting, {s.num_free_blocks} free of "
                          f"{s.num_total_blocks} blocks); the client aborted its {len(inflight)} requests in flight")

@@ -281,7 +281,7 @@ def _by_request(leaked: list[dict]) -> list[dict]:
     rows: dict[str, dict] = {}
     for b in leaked:
         r = rows.setdefault(b["request_id"], {k: b.get(k) for k in (
-            "request_id", "client_action", "action_kind", "status", "finish_reason", "suspected_path")}
+            "request_id", "client_action", "action_kind", "status", "finish_reason", "suspected_path", "evidence")}
                             | {"blocks": 0, "sites": set(), "step": b["step"], "age_s": b["age_s"]})
         r["blocks"] += 1
         r["sites"].add(b["site"])
