@@ -219,8 +219,12 @@ class InProcessClient:
                 done(rid)
 
     def _step(self, inflight, results, done) -> None:
+        before = self.engine.stats().generation_tokens_total
         outputs = self.engine.step()
-        self._quiet_steps = 0 if outputs else self._quiet_steps + 1
+        # Progress is a new token or a finished request (not just an output: a leak can make the
+        # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
+        progressed = any(o.finished for o in outputs) or self.engine.stats().generation_tokens_total > before
+        self._quiet_steps = 0 if progressed else self._quiet_steps + 1
         for ro in outputs:
             res = results.get(ro.request_id)
             if res is None or ro.request_id not in inflight:

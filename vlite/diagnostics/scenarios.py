@@ -153,6 +153,16 @@ def _stop_strings() -> list[RequestSpec]:
         [replace(_spec(10 + i, 24, 16, prefix="ss"), stop_token_at=3 + i) for i in range(2)]
 
 
+def _chat_eos() -> list[RequestSpec]:
+    from dataclasses import replace
+
+    from vlite.diagnostics.all_paths import CHAT_MESSAGES
+
+    actions = ["complete", "abort-after-tokens:2", "complete", "disconnect-stream:1", "complete", "complete"]
+    return [replace(_spec(i, 8, 48, a, prefix="eos"), prompt=CHAT_MESSAGES[i], chat=True, ignore_eos=False)
+            for i, a in enumerate(actions)]
+
+
 NEW_SCENARIOS = [
     Scenario("n-samples-abort", "n = 3 samples aborted while only the parent exists (waiting, chunked prefill) and "
              "after the fork (1 and 4 tokens, mid-stream); others complete", _n_samples_abort,
@@ -177,6 +187,9 @@ NEW_SCENARIOS = [
              "(found by a calibration run); one disconnects", _stop_strings,
              expect=_expect_cov(**{"stop-string finishes": _at_least(("finish_reasons", "stop:stop_string"), 3),
                                    "stop-token finishes": _at_least(("finish_reasons", "stop:stop_token"), 1)})),
+    Scenario("chat-eos", "chat messages through the chat template with EOS on (an instruction-tuned model ends "
+             "them with EOS; a random one by length); two clients leave early", _chat_eos,
+             expect=_expect_outcomes({"eos-0000": {"finished"}, "eos-0001": {"aborted"}})),
     Scenario("preempted-resumed-aborted", "a request preempted, resumed (recomputed) and then aborted, on a "
              "12-block cache", lambda: [_spec(0, 40, 100), _spec(1, 40, 100, "abort-resumed"), _spec(2, 40, 100)],
              {"num_blocks": 12},
