@@ -22,6 +22,7 @@ GreedyFn = Callable[[list[tuple[RequestSpec, int]]], list[tuple[list[int], list[
 
 
 def needs_calibration(specs: list[RequestSpec]) -> bool:
+    """Whether any spec has a ``stop_token_at`` or ``stop_string_at`` to resolve."""
     return any(s.stop_token_at is not None or s.stop_string_at is not None for s in specs)
 
 

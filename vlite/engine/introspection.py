@@ -165,6 +165,7 @@ class EngineView:
                 "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
 
     def coverage(self) -> Coverage:
+        """The coverage counters since the engine started (counts; see ``Coverage``)."""
         e = self._engine
         bm = e.block_manager
         return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(e.finish_counts)),
@@ -173,6 +174,7 @@ class EngineView:
                         e.num_beam_prunes)
 
     def snapshot(self) -> EngineSnapshot:
+        """Registries, histories and coverage in one frozen object."""
         e = self._engine
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
