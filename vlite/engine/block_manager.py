@@ -100,7 +100,7 @@ class LedgerAnomaly:
     time: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
 class ReleaseRecord:
     """One released block reference, kept in the ledger's bounded release history.
 
