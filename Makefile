@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: setup
-	$(VLITE) leak-check --num-requests 200 --abort-rate 0.3 --abort-mode mix --report leak-report
+	$(VLITE) leak-check --num-requests 120 --abort-rate 0.3 --abort-mode mix --report leak-report
 
 test: setup
 	$(PY) -m pytest -q tests

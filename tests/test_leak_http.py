@@ -82,3 +82,24 @@ def test_http_target_clean_server_is_clean(serve):
     run = run_http(url, _workload(), max_concurrency=8, idle_every=4, sample_interval_s=0.05)
     assert not run.findings.leak, run.findings.summary()
     assert run.findings.drain.mismatch_blocks == 0
+
+
+def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_timing(serve):
+    # Every kind of request over HTTP (shared prefixes, n > 1, beam search, chat, calibrated stop
+    # tokens and strings), a third of them aborted: CLEAN, and the report says what ran.
+    from vlite.diagnostics.all_paths import all_paths_workload
+
+    url = serve()
+    specs = all_paths_workload(14, input_len=(8, 24), output_len=(8, 14), abort_rate=0.4, seed=1, in_process=False)
+    assert not any(s.action.kind in ("abort-preempted", "abort-resumed") for s in specs)
+    run = run_http(url, specs, max_concurrency=8, idle_every=7, sample_interval_s=0.05)
+    f = run.findings
+    assert not f.leak and f.verdict == "CLEAN", f.summary()
+    cov = f.coverage
+    assert cov["forks"] > 0 and cov["beam_prunes"] > 0 and cov["prefix_hit_tokens"] > 0
+    assert cov["finish_reasons"].get("stop:stop_string", 0) + cov["finish_reasons"].get("stop:stop_token", 0) > 0
+    assert "fork" not in cov["not_exercised"] and "EOS finish" in cov["not_exercised"]  # a random model
+    assert {"async.live", "server.metrics_last_token", "scheduler.requests"} <= set(f.registries["checked"])
+    assert f.registries["leftover"] == [] and f.unattributed == []
+    aborted = [r for r in run.replay.requests if r.outcome == "aborted"]
+    assert aborted and f.zombies["distribution"]["n"] >= 1 and f.zombies["zombies"] == []

@@ -29,8 +29,10 @@ def _range(text: str, name: str) -> tuple[int, int]:
 
 def leak_check(
     model: str = common.ModelOpt,
-    workload: str = typer.Option("synthetic", "--workload", "-w",
-                                 help="'synthetic', a JSONL trace (.jsonl), or a ShareGPT file (.json)."),
+    workload: str = typer.Option("all-paths", "--workload", "-w",
+                                 help="'all-paths' (every engine path: prefix hits, preemption, n > 1, beam search, "
+                                      "EOS/stop finishes), 'synthetic' (plain requests), a JSONL trace (.jsonl), or a "
+                                      "ShareGPT file (.json)."),
     num_requests: int = typer.Option(200, "--num-requests", min=1, help="Requests (synthetic/ShareGPT)."),
     input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
     output_len: str = typer.Option("8:32", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
@@ -56,7 +58,10 @@ def leak_check(
     block_size: int = common.BlockSizeOpt,
     kv_cache_memory_bytes: int | None = common.KvBytesOpt,
     max_num_seqs: int = common.MaxSeqsOpt,
-    max_num_batched_tokens: int = common.MaxBatchedOpt,
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", min=1,
+        help="Token budget of one step (default 256 for the all-paths workload, so long prompts are chunked; "
+             "else 2048)."),
     dtype: str = common.DtypeOpt,
     device: str | None = common.DeviceOpt,
     server_kind: str = typer.Option("auto", "--server-kind",
@@ -74,6 +79,11 @@ def leak_check(
                                         help="Black-box: seconds for bisecting the leaking requests."),
     from_log: Path | None = typer.Option(None, "--from-log",  # noqa: B008 (Typer's option style)
                                          help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log."),
+    zombie_threshold_s: float = typer.Option(1.0, "--zombie-threshold-s", min=0.0,
+                                             help="A request outliving its client by more than this (s) is a "
+                                                  "ZOMBIE where engine steps are unknown (over HTTP)."),
+    zombie_threshold_steps: int = typer.Option(2, "--zombie-threshold-steps", min=0,
+                                               help="... or by more than this many engine steps (in process)."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
     from vlite.diagnostics.actions import ABORT_MODES
@@ -93,21 +103,38 @@ def leak_check(
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     interval_s = sample_interval_ms / 1000.0
     t_start = time.time()
+    if report is not None:
+        _check_writable(report)
     if from_log is not None:
         from vlite.cli.leak_check_blackbox import run_from_log
 
         sys.exit(run_from_log(from_log, console, report))
+    from vlite.diagnostics.all_paths import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS if workload == "all-paths" and not scenario else 2048
+    zombie_options = {"threshold_s": zombie_threshold_s, "threshold_steps": zombie_threshold_steps}
 
     if scenario:
         sys.exit(_run_scenarios(scenario, console, report, model, num_blocks, block_size, kv_cache_memory_bytes,
                                 max_num_seqs, max_num_batched_tokens, dtype, device, seed, tuple(inject_fault),
-                                interval_s))
+                                interval_s, zombie_options))
 
+    # Five waves: enough troughs for the fit, and few enough drains to keep batches full; at
+    # least 16 requests a wave (or all of a small trace), so that a wave can preempt.
+    n_specs = num_requests if workload in ("synthetic", "all-paths") else None
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
-                           count_tokens=None, n=n)
-    # Five waves: enough troughs for the fit, and few enough drains to keep batches full.
-    every = idle_every if idle_every is not None else max(1, len(specs) // 5)
+                           count_tokens=None, n=n, in_process=url is None,
+                           wave_size=_default_wave(n_specs, idle_every) if n_specs else None)
+    every = _default_wave(len(specs), idle_every)
+    if url:
+        from vlite.diagnostics.actions import IN_PROCESS_ONLY
+
+        bad = next((s for s in specs if s.action.kind in IN_PROCESS_ONLY), None)
+        if bad is not None:
+            common.fail(f"request {bad.request_id}: client action {bad.action.kind!r} needs the in-process target "
+                        "(a client cannot see a preemption over HTTP); drop --url or change the action")
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     if url:
@@ -124,12 +151,15 @@ def leak_check(
 
         try:
             run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
-                           sample_interval_s=interval_s, info=info)
+                           sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
         except TargetError as exc:
             common.fail(str(exc))
     else:
+        from vlite.diagnostics.all_paths import suggest_num_blocks
         from vlite.diagnostics.run import run_in_process
 
+        if workload == "all-paths" and num_blocks is None and kv_cache_memory_bytes is None:
+            num_blocks = suggest_num_blocks(specs, every, block_size)  # small enough to preempt
         config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
                                             max_num_batched_tokens, None, dtype, device, seed=seed,
                                             inject_faults=tuple(inject_fault),
@@ -139,24 +169,49 @@ def leak_check(
                       f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
                       highlight=False)
         run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
-                             sample_interval_s=interval_s, info=info)
+                             sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
     run.info["total_s"] = round(time.time() - t_start, 2)
     _finish(run, console, report)
-    sys.exit(1 if run.findings.leak else 0)
+    sys.exit(0 if run.findings.verdict == "CLEAN" else 1)
+
+
+def _default_wave(num_specs: int, idle_every: int | None) -> int:
+    """Requests per wave: ``--idle-every``, else a fifth of the run but at least 16 (or all)."""
+    if idle_every is not None:
+        return idle_every
+    return max(1, num_specs // 5, min(num_specs, 16))
+
+
+def _check_writable(report: Path) -> None:
+    """Fail (exit 2) before the run if the report directory cannot be created or written."""
+    import tempfile
+
+    try:
+        report.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=report, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        common.fail(f"cannot write the report to {report}: {exc}")
 
 
 def _load_workload(workload, num_requests, input_len, output_len, request_rate, abort_rate, abort_mode, seed,
-                   count_tokens, n=1):
+                   count_tokens, n=1, in_process=True, wave_size=None):
     from vlite.diagnostics import workload as wl
 
     try:
+        if workload == "all-paths":
+            from vlite.diagnostics.all_paths import all_paths_workload
+
+            return all_paths_workload(num_requests, input_len=input_len, output_len=output_len,
+                                      request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
+                                      seed=seed, in_process=in_process, wave_size=wave_size)
         if workload == "synthetic":
             return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                          seed=seed, n=n)
         path = Path(workload)
         if not path.is_file():
-            common.fail(f"--workload {workload!r}: not 'synthetic' and no such file")
+            common.fail(f"--workload {workload!r}: not 'all-paths' or 'synthetic' and no such file")
         if path.suffix == ".jsonl":
             return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed)
         return wl.sharegpt_workload(path, num_requests, count_tokens=count_tokens, max_output_len=output_len[1],
@@ -181,7 +236,7 @@ def _finish(run, console: Console, report: Path | None) -> None:
 
 
 def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_bytes, max_num_seqs, max_batched, dtype,
-                   device, seed, faults, interval_s) -> int:
+                   device, seed, faults, interval_s, zombie_options=None) -> int:
     from rich.table import Table
 
     from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
@@ -202,7 +257,7 @@ def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_byte
         table.add_column(col, overflow="fold")
     failed = 0
     for sc in chosen:
-        res = run_scenario(sc, ckpt, config, faults, interval_s)
+        res = run_scenario(sc, ckpt, config, faults, interval_s, zombie_options)
         failed += not res.passed
         bad = "; ".join(f"{what}: {detail}" for what, ok, detail in res.checks if not ok)
         table.add_row(sc.name, "[green]pass[/]" if res.passed else "[red]FAIL[/]", res.run.findings.summary(), bad)

@@ -17,10 +17,13 @@ ACTION_KINDS: dict[str, str] = {
     "abort-after-tokens": "abort after k output tokens",
     "disconnect-stream": "disconnect mid-stream after k chunks",
     "client-timeout": "non-streaming request whose client times out after t seconds",
-    # Only in-process (a client cannot see preemption over HTTP); used by the scenarios.
+    # Only in-process (a client cannot see preemption over HTTP); used by the scenarios, traces
+    # and the default all-paths workload.
     "abort-preempted": "abort once the request has been preempted (recompute)",
+    "abort-resumed": "abort once the request has been preempted and scheduled again (resumed)",
 }
-ABORT_KINDS = tuple(k for k in ACTION_KINDS if k not in ("complete", "abort-preempted"))
+IN_PROCESS_ONLY = ("abort-preempted", "abort-resumed")
+ABORT_KINDS = tuple(k for k in ACTION_KINDS if k not in ("complete", *IN_PROCESS_ONLY))
 ABORT_MODES = ABORT_KINDS + ("mix",)
 
 
@@ -60,7 +63,8 @@ class ClientAction:
         if self.kind == "client-timeout":
             return f"client timeout after {self.timeout_s:.2f} s (non-streaming)"
         return {"complete": "complete", "abort-waiting": "abort while waiting",
-                "abort-prefill": "abort during prefill", "abort-preempted": "abort after preemption"}[self.kind]
+                "abort-prefill": "abort during prefill", "abort-preempted": "abort after preemption",
+                "abort-resumed": "abort after preemption and resumption"}[self.kind]
 
     @classmethod
     def parse(cls, text: str) -> ClientAction:

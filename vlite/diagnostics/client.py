@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.workload import RequestSpec
+from vlite.engine.introspection import EngineView
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.sequence import RequestOrigin
 
@@ -41,6 +42,9 @@ class RequestResult:
     end_time: float | None = None
     abort_time: float | None = None
     detail: str = ""
+    # At the abort: the engine step (in process; None over HTTP) and output tokens the client had.
+    abort_step: int | None = None
+    tokens_at_abort: int | None = None
 
 
 @dataclass
@@ -62,11 +66,21 @@ class ReplayResult:
     start_time: float = 0.0
     end_time: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
+    gauge_lags: list[float] = field(default_factory=list)
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
-    return SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p,
-                          seed=spec.seed, ignore_eos=spec.ignore_eos, n=spec.n)
+    return spec.sampling_params()
+
+
+def render_prompt(tokenizer, spec: RequestSpec) -> str:
+    """The prompt text the engine gets: a chat request's message rendered with the model's chat
+    template (transformers' ``apply_chat_template``), else the prompt as is."""
+    if spec.chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": spec.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return spec.prompt
 
 
 class InProcessClient:
@@ -85,6 +99,7 @@ class InProcessClient:
         self.probe = probe
         self.stall_steps = stall_steps
         self._quiet_steps = 0
+        self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
 
     def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0) -> ReplayResult:
         """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
@@ -118,9 +133,9 @@ class InProcessClient:
                         done(spec.request_id)
                 else:
                     done(spec.request_id)
-            if wave_full and not inflight and not engine.has_unfinished_requests():
+            if wave_full and not inflight and (not engine.has_unfinished_requests() or self._stuck):
                 self._idle_point(out, completed)
-                in_wave = 0
+                in_wave, self._stuck = 0, False
                 continue
             self._check_timeouts(inflight, results, done)
             if engine.has_unfinished_requests():
@@ -134,12 +149,30 @@ class InProcessClient:
                     done(rid)
             elif queue:
                 time.sleep(min(0.05, max(0.0, queue[0].arrival_s - (time.time() - t0))))
+        self._drain(out)
         self._idle_point(out, completed)
         out.end_time = time.time()
         return out
 
+    def _drain(self, out: ReplayResult) -> None:
+        """Step until the engine has nothing left, as a server keeps stepping after its clients
+        left (bounded by ``stall_steps``): a request that outlived its client runs out here."""
+        steps = 0
+        while self.engine.has_unfinished_requests() and steps < self.stall_steps:
+            self.engine.step()
+            steps += 1
+        if steps:
+            out.notes.append(f"the engine still had work after every client had left: {steps} more steps "
+                             + ("until it drained" if not self.engine.has_unfinished_requests()
+                                else "and it did not drain"))
+
     def _give_up(self, out: ReplayResult, inflight, results, done) -> None:
         s = self.engine.stats()
+        if not inflight:  # sequences no client waits for never end: count the wave as over
+            out.notes.append(f"the engine never went idle: {s.num_running} running, {s.num_waiting} waiting "
+                             f"after {self._quiet_steps} steps without output, with no request in flight")
+            self._stuck, self._quiet_steps = True, 0
+            return
         out.notes.append(f"the engine stalled: no token and no finished request in {self._quiet_steps} steps "
                          f"({s.num_running} running, {s.num_waiting} waiting, {s.num_free_blocks} free of "
                          f"{s.num_total_blocks} blocks); the client aborted its {len(inflight)} requests in flight")
@@ -160,13 +193,16 @@ class InProcessClient:
         res.arrival_time = time.time()
         origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)
         try:
-            self.engine.add_request(spec.prompt, sampling_params_for(spec), request_id=spec.request_id, origin=origin)
+            self.engine.add_request(render_prompt(self.engine.tokenizer, spec), sampling_params_for(spec),
+                                    request_id=spec.request_id, origin=origin)
         except (RequestRejectedError, ValueError) as exc:
             res.outcome, res.detail, res.end_time = "rejected", str(exc), time.time()
             return False
         return True
 
     def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
+        view = EngineView(self.engine)
+        res.abort_step, res.tokens_at_abort = view.step, view.request_tokens(rid)
         res.abort_time = res.end_time = time.time()
         try:
             self.engine.abort(rid)
@@ -183,14 +219,18 @@ class InProcessClient:
                 done(rid)
 
     def _step(self, inflight, results, done) -> None:
+        before = self.engine.stats().generation_tokens_total
         outputs = self.engine.step()
-        self._quiet_steps = 0 if outputs else self._quiet_steps + 1
+        # Progress is a new token or a finished request (not just an output: a leak can make the
+        # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
+        progressed = any(o.finished for o in outputs) or self.engine.stats().generation_tokens_total > before
+        self._quiet_steps = 0 if progressed else self._quiet_steps + 1
         for ro in outputs:
             res = results.get(ro.request_id)
             if res is None or ro.request_id not in inflight:
                 continue
             spec = inflight[ro.request_id][0]
-            res.num_output_tokens = len(ro.outputs[0].token_ids)
+            res.num_output_tokens = max((len(c.token_ids) for c in ro.outputs), default=0)
             if ro.finished:
                 res.finish_reason = ro.outputs[0].finish_reason
                 res.outcome = "error" if res.finish_reason == "error" else "finished"
@@ -205,12 +245,17 @@ class InProcessClient:
                 self._abort(ro.request_id, res, "prefill ran in one step; aborted at its first token")
                 done(ro.request_id)
         for rid, (spec, _) in list(inflight.items()):
-            if spec.action.kind not in ("abort-prefill", "abort-preempted"):
+            if spec.action.kind not in ("abort-prefill", "abort-preempted", "abort-resumed"):
                 continue
             p = self.engine.request_progress(rid)
             if p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
                 self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s), "
                                                f"status {p['status']}")
+                done(rid)
+            elif p and spec.action.kind == "abort-resumed" and p["num_preemptions"] > 0 \
+                    and p["status"] == "running" and p["num_computed_tokens"] > 0:
+                self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s) and a "
+                                               f"resumption ({p['num_computed_tokens']} tokens recomputed)")
                 done(rid)
             elif p and spec.action.kind == "abort-prefill" and p["num_computed_tokens"] > 0 \
                     and p["num_output_tokens"] == 0:

@@ -67,6 +67,66 @@ def server_pid(base: str) -> int | None:
     return None
 
 
+def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
+    """The route and OpenAI body of one request: /v1/chat/completions for a chat request, else
+    /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
+    search as use_beam_search + best_of, the width)."""
+    body = {"max_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
+            "ignore_eos": spec.ignore_eos, "stream": stream, "n": spec.n}
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.stop:
+        body["stop"] = list(spec.stop)
+    if spec.stop_token_ids:
+        body["stop_token_ids"] = list(spec.stop_token_ids)
+    if spec.min_tokens:
+        body["min_tokens"] = spec.min_tokens
+    if spec.beam_width > 1:
+        body.update(use_beam_search=True, best_of=spec.beam_width, temperature=0.0)
+    if spec.chat:
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        if spec.logprobs is not None:
+            body.update(logprobs=True, top_logprobs=spec.logprobs)
+        return "/v1/chat/completions", body
+    body["prompt"] = spec.prompt
+    if spec.logprobs is not None:
+        body["logprobs"] = spec.logprobs
+    return "/v1/completions", body
+
+
+def _choice_text(choice: dict) -> str | None:
+    """The text of a completions or chat (stream delta or message) choice."""
+    if "text" in choice:
+        return choice.get("text")
+    part = choice.get("delta") or choice.get("message") or {}
+    return part.get("content")
+
+
+def http_greedy(base: str, client: httpx.Client):
+    """Greedy calibration runs over HTTP (calibrate.py): completions with logprobs give each
+    token's text; /tokenize of the text gives the ids."""
+
+    def run(items):
+        out = []
+        for spec, max_tokens in items:
+            body = {"prompt": spec.prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                    "logprobs": 0}
+            try:
+                r = client.post(f"{base}/v1/completions", json=body, timeout=120)
+                choice = r.json()["choices"][0]
+                pieces = (choice.get("logprobs") or {}).get("tokens") or []
+                texts = [""]
+                for p in pieces:
+                    texts.append(texts[-1] + p)
+                ids = client.post(f"{base}/tokenize", json={"prompt": choice.get("text", ""),
+                                                            "add_special_tokens": False}).json().get("tokens", [])
+            except (httpx.HTTPError, KeyError, ValueError, IndexError):
+                ids, texts = [], [""]
+            out.append((list(ids), texts))
+        return out
+    return run
+
+
 async def _one(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
                extra_body: dict | None = None) -> None:
     """Send one completion request and carry out its client action.
@@ -74,10 +134,7 @@ async def _one(base: str, spec: RequestSpec, res: RequestResult, extra_headers: 
     ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as given.
     """
     a = spec.action
-    body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
-            "top_p": spec.top_p, "ignore_eos": spec.ignore_eos, "stream": a.streams, "n": spec.n}
-    if spec.seed is not None:
-        body["seed"] = spec.seed
+    route, body = request_body(spec, a.streams)
     body.update(extra_body or {})
     headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label, **(extra_headers or {})}
     if spec.client_tag:
@@ -85,7 +142,7 @@ async def _one(base: str, spec: RequestSpec, res: RequestResult, extra_headers: 
     res.arrival_time = time.time()
     timeout = httpx.Timeout(a.timeout_s if a.kind == "client-timeout" else 300.0, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
-        req = client.build_request("POST", f"{base}/v1/completions", json=body, headers=headers)
+        req = client.build_request("POST", f"{base}{route}", json=body, headers=headers)
         try:
             if a.kind == "abort-waiting":
                 # Give up right after sending: usually before the engine schedules it.
@@ -148,7 +205,7 @@ async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int
             res.outcome = res.outcome if res.outcome == "error" else "finished"
             return
         choice = (json.loads(data).get("choices") or [{}])[0]
-        if choice.get("text"):
+        if _choice_text(choice):
             chunks += 1
             res.num_output_tokens = chunks
         if choice.get("finish_reason"):
@@ -162,13 +219,17 @@ async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int
     res.detail = res.detail or ("" if res.finish_reason else "stream ended without [DONE]")
 
 
-async def _wait_idle(base: str, client: httpx.AsyncClient) -> bool:
-    """Poll /metrics until nothing runs or waits twice in a row (bounded by IDLE_TIMEOUT_S)."""
+async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[float] | None = None) -> bool:
+    """Poll /metrics until nothing runs or waits twice in a row (bounded by IDLE_TIMEOUT_S).
+    ``first_quiet`` gets the time of the first of those quiet reads."""
     deadline, quiet = time.time() + IDLE_TIMEOUT_S, 0
     while time.time() < deadline:
+        t = time.time()
         m = parse_metrics((await client.get(f"{base}/metrics")).text)
         quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
             else 0
+        if quiet == 1 and first_quiet is not None:
+            first_quiet[:] = [t]
         if quiet >= 2:
             return True
         await asyncio.sleep(0.05)
@@ -196,8 +257,11 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
             wave = ordered[i:i + step]
             await asyncio.gather(*(launch(s) for s in wave))
             completed += len(wave)
-            if not await _wait_idle(base, admin):
+            left = time.time()  # every client of the wave has finished or gone
+            quiet: list[float] = []
+            if not await _wait_idle(base, admin, quiet):
                 break  # still busy after the bound: the final snapshot will say it is not quiescent
+            out.gauge_lags.append(max(0.0, quiet[0] - left) if quiet else 0.0)
             out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
     out.end_time = time.time()
     return out
@@ -221,7 +285,7 @@ def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> No
 
 
 def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
-             sample_interval_s: float = 0.1, info: dict | None = None) -> RunResult:
+             sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None) -> RunResult:
     """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
 
     Raises:
@@ -235,6 +299,12 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         source()
     except (httpx.HTTPError, KeyError, ValueError) as exc:
         raise TargetError(f"{base}/metrics is not a vlite server's metrics page: {type(exc).__name__}: {exc}") from exc
+    from vlite.diagnostics import coverage
+    from vlite.diagnostics.calibrate import calibrate, needs_calibration
+
+    if needs_calibration(specs):
+        specs = calibrate(specs, http_greedy(base, sync))
+    coverage_before = coverage.from_metrics_text(sync.get(f"{base}/metrics").text)
     pid = server_pid(base)
     memory = MemoryProbe(pid=pid)
     sampler = Sampler(source, memory, sample_interval_s).start()
@@ -250,10 +320,16 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         sampler.stop()
     sampler.sample()
     debug = sync.get(f"{base}/debug/blocks")
+    final_metrics = sync.get(f"{base}/metrics").text
     snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
-        snapshot.from_metrics(parse_metrics(sync.get(f"{base}/metrics").text))
+        snapshot.from_metrics(parse_metrics(final_metrics))
     sync.close()
-    findings = detect(snap, replay.requests, replay.idle_points)
+    snap.coverage = coverage.from_metrics_text(final_metrics) or snap.coverage
+    zopts = dict(zombie_options or {})
+    if not snap.request_history and replay.gauge_lags:  # no per-request timestamps: the running gauge
+        zopts["gauge_lag_s"] = round(max(replay.gauge_lags), 3)
+    findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
+                      zombie_options=zopts)
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:

@@ -9,10 +9,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 REPORT_VERSION = 1
-_BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path")
+_BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path",
+               "evidence")
 _REQ_COLS = ("request_id", "client_action", "finish_reason", "blocks", "sites", "step", "age_s", "suspected_path")
 
 
@@ -31,7 +33,7 @@ def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20)
     for c in cols:
         table.add_column(c, overflow="fold")
     for r in rows[:limit]:
-        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in cols])
+        table.add_row(*["" if r.get(c) is None else escape(str(r.get(c))) for c in cols])
     if len(rows) > limit:
         table.caption = f"{len(rows) - limit} more rows in report.json"
     return table
@@ -42,7 +44,8 @@ def print_report(run, console: Console | None = None) -> None:
     console = console or Console()
     f = run.findings
     d = f.drain
-    console.print(f"[bold {'red' if f.leak else 'green'}]{f.summary()}[/]", highlight=False)
+    color = "red" if f.leak else "yellow" if f.zombie else "green"
+    console.print(f"[bold {color}]{escape(f.summary())}[/]", highlight=False)
     console.print(f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
                   f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})", highlight=False)
     if f.by_action:
@@ -61,10 +64,35 @@ def print_report(run, console: Console | None = None) -> None:
     if cpu["leftover_requests"]:
         console.print(_table("Per-request entries left behind", cpu["leftover_requests"],
                              ("request_id", "state", "client_action", "client_outcome")))
+    if f.unattributed:
+        console.print(_table("Unattributed blocks (not free at idle, no ledger entry)", f.unattributed,
+                             ("block_id", "ref_count", "evidence")))
+    if f.registries and (f.registries["leftover"] or f.registries["over_bound"]):
+        console.print(_table("Per-request registries not empty at idle", f.registries["leftover"],
+                             ("registry", "entries", "holds")))
+        if f.registries["over_bound"]:
+            console.print(_table("Bounded histories out of bounds", f.registries["over_bound"],
+                                 ("history", "size", "bound", "problem")))
     for t in f.trends:
-        console.print(_trend_line(t), highlight=False)
+        console.print(_trend_line(t), highlight=False, markup=False)
+    for line in extra_lines(f):
+        style = "yellow" if line.startswith(("not exercised", "ZOMBIE")) else None
+        console.print(line, highlight=False, markup=False, style=style)
     for note in f.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+
+
+def extra_lines(f) -> list[str]:
+    """Coverage, zombie and registry lines (console and report.md)."""
+    from vlite.diagnostics import coverage, zombie
+
+    out = coverage.lines(f.coverage) + zombie.lines(f.zombies)
+    if f.registries:
+        out.append(f"registries checked at idle: {len(f.registries['checked'])} "
+                   f"({', '.join(f.registries['checked'])}); not empty: {len(f.registries['leftover'])}")
+    if f.attribution_available:
+        out.append(f"unattributed blocks: {len(f.unattributed)}")
+    return out
 
 
 def report_dict(run) -> dict:
@@ -92,7 +120,7 @@ def _md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
 def report_markdown(run, plots: list[str]) -> str:
     f, info = run.findings, run.info
     d = f.drain
-    verdict = "LEAK" if f.leak else "CLEAN"
+    verdict = f.verdict
     out = [f"# vlite leak-check report\n\n**{verdict}**{f.summary().removeprefix(verdict)}\n",
            "## Run\n", _md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
            "## Drain invariant (at quiescence)\n",
@@ -100,6 +128,15 @@ def report_markdown(run, plots: list[str]) -> str:
            f"mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess frees "
            f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n"),
            "## Trend (troughs at idle points)\n", "\n".join(f"- {_trend_line(t)}" for t in f.trends) + "\n",
+           "## Coverage, zombie requests, registries\n", "\n".join(f"- {line}" for line in extra_lines(f)) + "\n",
+           "## Unattributed blocks (not free at idle, no ledger entry)\n",
+           _md_table(f.unattributed, ("block_id", "ref_count", "evidence")),
+           "## Zombie requests (outlived their clients)\n",
+           _md_table((f.zombies or {}).get("zombies", []), ("request_id", "client_action", "outlived_s",
+                                                            "outlived_steps", "tokens_after_leaving")),
+           "## Per-request registries not empty at idle\n",
+           _md_table((f.registries or {}).get("leftover", []) + (f.registries or {}).get("over_bound", []),
+                     ("registry", "history", "entries", "size", "bound", "holds")),
            "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
                                                                           "requests")),
            "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),

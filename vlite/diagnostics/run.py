@@ -29,10 +29,24 @@ class RunResult:
 
 
 def run_in_process(engine, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
-                   sample_interval_s: float = 0.1, info: dict | None = None) -> RunResult:
-    """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence."""
+                   sample_interval_s: float = 0.1, info: dict | None = None,
+                   zombie_options: dict | None = None) -> RunResult:
+    """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
+
+    Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
+    coverage counts are taken from after the calibration.
+    """
+    from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
+    from vlite.diagnostics.registries import sizes_source
+    from vlite.engine.introspection import EngineView
+
+    view = EngineView(engine)
+    if needs_calibration(specs):
+        specs = calibrate(specs, engine_greedy(engine))
+    coverage_before = view.coverage().to_dict()
     memory = MemoryProbe(in_process_cuda=engine.device.type == "cuda")
-    sampler = Sampler(engine_block_stats(engine), memory, sample_interval_s).start()
+    blocks, regs = engine_block_stats(engine), sizes_source(view)
+    sampler = Sampler(lambda: blocks() | regs(), memory, sample_interval_s).start()
 
     def probe() -> tuple[int, int | None]:
         return engine.stats().num_used_blocks, memory.read().get("rss_bytes")
@@ -44,7 +58,8 @@ def run_in_process(engine, specs: list[RequestSpec], *, max_concurrency: int = 3
         sampler.stop()
     sampler.sample()  # the drained state, after the last step
     snap = snapshot.from_engine(engine)
-    findings = detect(snap, replay.requests, replay.idle_points)
+    findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
+                      zombie_options=zombie_options)
     findings.notes.extend(replay.notes)
     if memory.note:
         findings.notes.append(memory.note)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 
+from vlite.engine.introspection import EngineView
+
 
 @dataclass
 class Snapshot:
@@ -35,6 +37,14 @@ class Snapshot:
     ref_counts: list[int] | None = None
     owners: dict[int, dict] = field(default_factory=dict)
     has_ledger: bool = True
+    # From the engine's introspection point (vlite.engine.introspection.EngineView); empty
+    # when the target does not expose them.
+    registries: dict[str, int] = field(default_factory=dict)
+    histories: dict[str, dict] = field(default_factory=dict)  # name -> {size, bound}
+    coverage: dict | None = None
+    released: list[dict] = field(default_factory=list)  # bounded release history, oldest first
+    blocks_not_free: list[dict] = field(default_factory=list)  # {block_id, ref_count}
+    request_history: dict[str, dict] = field(default_factory=dict)  # request_id -> RequestHistory fields
 
 
 def _origin_fields(origin) -> dict:
@@ -65,8 +75,46 @@ def from_engine(engine) -> Snapshot:
     for a in anomalies:
         rec = engine.request_record(a["seq_id"])
         a.update(_origin_fields(rec.origin if rec else None))
-    return Snapshot(s.num_total_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks, s.num_running,
+    snap = Snapshot(s.num_total_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks, s.num_running,
                     s.num_waiting, ledger, anomalies, live, engine.block_tables_view(), engine.ref_counts(), owners)
+    return with_view(snap, EngineView(engine))
+
+
+def view_dict(view) -> dict:
+    """The EngineView's part of a snapshot as plain JSON-able data (also sent by /debug/blocks)."""
+    snap = view.snapshot()
+    return {"registries": dict(snap.registries),
+            "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
+            "coverage": snap.coverage.to_dict(),
+            "released": [release_dict(r) for r in view.released()],
+            "blocks_not_free": view.blocks_not_free(),
+            "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
+
+
+def release_dict(r) -> dict:
+    """One ReleaseRecord as plain data (the allocation entry's site and step flattened)."""
+    e = r.entry
+    return {"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id,
+            "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
+            "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
+            "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
+            "time": r.time}
+
+
+def with_view(snap: Snapshot, view) -> Snapshot:
+    """Fill the EngineView fields of ``snap`` (in process)."""
+    return apply_view_dict(snap, view_dict(view))
+
+
+def apply_view_dict(snap: Snapshot, d: dict) -> Snapshot:
+    """Fill the EngineView fields of ``snap`` from ``view_dict`` data (in process or /debug/blocks)."""
+    snap.registries = dict(d.get("registries") or {})
+    snap.histories = dict(d.get("histories") or {})
+    snap.coverage = d.get("coverage")
+    snap.released = list(d.get("released") or [])
+    snap.blocks_not_free = list(d.get("blocks_not_free") or [])
+    snap.request_history = dict(d.get("request_history") or {})
+    return snap
 
 
 def from_debug_blocks(data: dict) -> Snapshot:
@@ -92,12 +140,13 @@ def from_debug_blocks(data: dict) -> Snapshot:
     anomalies = []
     for a in data.get("anomalies", []):
         anomalies.append(a if isinstance(a, dict) else {"kind": str(a)})
-    return Snapshot(int(data["num_total_blocks"]), int(data["num_free_blocks"]),
+    snap = Snapshot(int(data["num_total_blocks"]), int(data["num_free_blocks"]),
                     int(data.get("num_used_blocks", data["num_total_blocks"] - data["num_free_blocks"])),
                     int(data.get("num_cached_blocks", 0)), int(data.get("num_running", 0)),
                     int(data.get("num_waiting", 0)), ledger, anomalies, data.get("live_state", {}),
                     {s["seq_id"]: list(s.get("block_table", [])) for s in seqs if "seq_id" in s},
                     ref_counts, owners)
+    return apply_view_dict(snap, data.get("view") or {})
 
 
 def from_metrics(metrics: dict) -> Snapshot:

@@ -45,10 +45,33 @@ class RequestSpec:
     ignore_eos: bool = True
     client_tag: str | None = None
     n: int = 1  # samples per request: n > 1 forks sequences that share the prompt's blocks
+    # Everything else a client can say (vLLM's SamplingParams names; see docs/leak-check.md):
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None
+    beam_width: int = 1  # > 1: beam search (temperature 0); the n best beams are returned
+    chat: bool = False  # the prompt is one user message, rendered with the model's chat template
+    # Resolved by a greedy calibration run of the same prompt before the replay (calibrate.py):
+    stop_token_at: int | None = None  # stop on the token greedy decoding puts at this output index
+    stop_string_at: int | None = None  # stop on a string spanning output tokens k and k + 1
 
     @property
     def stream(self) -> bool:
         return self.action.streams
+
+    def sampling_params(self):
+        """The engine's SamplingParams for this request.
+
+        Raises:
+            ValueError: a field out of range (SamplingParams' message names it).
+        """
+        from vlite.engine.sampling_params import SamplingParams
+
+        return SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens, temperature=self.temperature,
+                              top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos, n=self.n,
+                              stop=list(self.stop), stop_token_ids=list(self.stop_token_ids), logprobs=self.logprobs,
+                              beam_width=self.beam_width)
 
 
 def synthetic_prompt(rng: random.Random, num_tokens: int) -> str:
@@ -128,10 +151,48 @@ def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mi
     return sorted(specs, key=lambda s: s.arrival_s)
 
 
+# Every key a JSONL trace line may have (docs/leak-check.md, "JSONL trace schema").
+TRACE_KEYS = ("arrival_s", "prompt", "prompt_len", "prefix_id", "prefix_len", "chat", "max_tokens", "min_tokens",
+              "temperature", "top_p", "seed", "ignore_eos", "n", "beam_width", "stop", "stop_token_ids",
+              "stop_token_at", "stop_string_at", "logprobs", "stream", "client_action", "request_id", "client_tag")
+
+
+def shared_prefix(prefix_id: str, num_tokens: int) -> str:
+    """The shared prefix named ``prefix_id``: about ``num_tokens`` tokens of filler text, the same
+    for every request that names it (so its full KV blocks are prefix-cache hits)."""
+    return synthetic_prompt(random.Random(f"prefix:{prefix_id}"), num_tokens)
+
+
+def _str_list(value, key: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(x, str) and x for x in items):
+        raise ValueError(f"{key} must be a non-empty string or a list of them, got {value!r}")
+    return tuple(items)
+
+
+def _int_list(value, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                              for x in value):
+        raise ValueError(f"{key} must be a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def _opt_index(row: dict, key: str) -> int | None:
+    if row.get(key) is None:
+        return None
+    k = row[key]
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise ValueError(f"{key} must be an output token index >= 0, got {k!r}")
+    return k
+
+
 def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float, abort_mode: str,
                    prefix: str) -> RequestSpec:
     if not isinstance(row, dict):
         raise TypeError("each line must be a JSON object")
+    unknown = sorted(set(row) - set(TRACE_KEYS))
+    if unknown:
+        raise KeyError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(TRACE_KEYS)}")
     if "prompt" in row:
         prompt = str(row["prompt"])
         prompt_len = len(prompt.split())
@@ -140,6 +201,14 @@ def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float,
         prompt = synthetic_prompt(rng, prompt_len)
     else:
         raise KeyError("'prompt' or 'prompt_len' is required")
+    if row.get("prefix_id") is not None:
+        plen = int(row.get("prefix_len", 48))
+        if plen < 1:
+            raise ValueError(f"prefix_len must be >= 1 tokens, got {plen}")
+        prompt = shared_prefix(str(row["prefix_id"]), plen) + " " + prompt
+        prompt_len += plen
+    elif "prefix_len" in row:
+        raise ValueError("prefix_len needs prefix_id (the name of the shared prefix)")
     max_tokens = int(row.get("max_tokens", 16))
     if max_tokens < 1 or not prompt.strip():
         raise ValueError("max_tokens must be >= 1 and the prompt non-empty")
@@ -152,10 +221,19 @@ def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float,
         action = plan_action(rng, abort_rate, abort_mode, max_tokens)
     if "stream" in row and bool(row["stream"]) != action.streams:
         raise ValueError(f"stream={row['stream']} contradicts client_action {action.kind!r}")
-    return RequestSpec(str(row.get("request_id", f"{prefix}-{index:05d}")), arrival, prompt, prompt_len, max_tokens,
+    spec = RequestSpec(str(row.get("request_id", f"{prefix}-{index:05d}")), arrival, prompt, prompt_len, max_tokens,
                        action, temperature=float(row.get("temperature", 0.0)), top_p=float(row.get("top_p", 1.0)),
                        seed=row.get("seed"), ignore_eos=bool(row.get("ignore_eos", True)),
-                       client_tag=row.get("client_tag"), n=int(row.get("n", 1)))
+                       client_tag=row.get("client_tag"), n=int(row.get("n", 1)),
+                       stop=_str_list(row["stop"], "stop") if row.get("stop") is not None else (),
+                       stop_token_ids=_int_list(row.get("stop_token_ids") or [], "stop_token_ids"),
+                       min_tokens=int(row.get("min_tokens", 0)), logprobs=row.get("logprobs"),
+                       beam_width=int(row.get("beam_width", 1)), chat=bool(row.get("chat", False)),
+                       stop_token_at=_opt_index(row, "stop_token_at"), stop_string_at=_opt_index(row, "stop_string_at"))
+    spec.sampling_params()  # validates every sampling field (the message names the field)
+    if (spec.stop_token_at is not None or spec.stop_string_at is not None) and spec.temperature != 0:
+        raise ValueError("stop_token_at / stop_string_at need temperature 0 (they are found by a greedy run)")
+    return spec
 
 
 def sharegpt_workload(path: Path, num_requests: int, *, count_tokens: Callable[[str], int] | None = None,

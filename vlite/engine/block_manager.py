@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from vlite.engine.faults import FaultSet
@@ -100,21 +100,59 @@ class LedgerAnomaly:
     time: float
 
 
-class BlockLedger:
-    """Allocation ledger: (seq_id, block_id) -> LedgerEntry for every block reference held."""
+@dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
+class ReleaseRecord:
+    """One released block reference, kept in the ledger's bounded release history.
 
-    def __init__(self, enabled: bool = True) -> None:
+    ``entry`` is the ledger entry that was cleared (None when the reference had none: a
+    release the ledger cannot name). ``path`` is the code path that released it ("free" or
+    "copy-on-write"); ``seq_status`` and ``finish_reason`` are the releasing sequence's state
+    at that moment (a running sequence released by "free" is being preempted);
+    ``ref_count_after`` is the block's ref_count after the release. step: engine step;
+    time: ``time.time()`` seconds.
+    """
+
+    block_id: int
+    seq_id: int
+    request_id: str
+    entry: LedgerEntry | None
+    path: str
+    seq_status: str
+    finish_reason: str | None
+    num_preemptions: int
+    ref_count_after: int
+    step: int
+    time: float
+
+
+# Released ledger entries kept for attribution of blocks the ledger no longer names (a bounded,
+# documented history: it is not a leak that it is full at idle).
+RELEASE_HISTORY = 4096
+
+
+class BlockLedger:
+    """Allocation ledger: (seq_id, block_id) -> LedgerEntry for every block reference held,
+    plus a bounded history (``RELEASE_HISTORY`` entries) of released references."""
+
+    def __init__(self, enabled: bool = True, release_history: int = RELEASE_HISTORY) -> None:
         self.enabled = enabled
         self._held: dict[tuple[int, int], LedgerEntry] = {}
         self._anomalies: list[LedgerAnomaly] = []
+        self.released: deque[ReleaseRecord] = deque(maxlen=release_history)
 
     def record(self, entry: LedgerEntry) -> None:
         if self.enabled:
             self._held[(entry.seq_id, entry.block_id)] = entry
 
-    def clear(self, seq_id: int, block_id: int) -> None:
+    def clear(self, seq_id: int, block_id: int) -> LedgerEntry | None:
+        """Drop the entry of a released reference; returns it (None if there was none)."""
         if self.enabled:
-            self._held.pop((seq_id, block_id), None)
+            return self._held.pop((seq_id, block_id), None)
+        return None
+
+    def record_release(self, record: ReleaseRecord) -> None:
+        if self.enabled:
+            self.released.append(record)
 
     def site_of(self, seq_id: int, block_id: int) -> AllocationSite | None:
         entry = self._held.get((seq_id, block_id))
@@ -183,6 +221,11 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # Coverage counters (read through vlite.engine.introspection.EngineView): block
+        # references allocated by site, fork calls, copy-on-write copies.
+        self.allocations_by_site: Counter[str] = Counter()
+        self.num_forks = 0
+        self.num_copy_on_write = 0
 
     # ---- queries -------------------------------------------------------------------------
     def num_required_blocks(self, num_tokens: int) -> int:
@@ -315,8 +358,9 @@ class BlockManager:
             dst = self._pop_free_block()
             self.pending_copies.append((src, dst))
             table[idx] = dst
-            self._release(src, seq)
+            self._release(src, seq, "copy-on-write")
             self._record(dst, seq, AllocationSite.COPY_ON_WRITE, now)
+            self.num_copy_on_write += 1
             num_new_blocks -= 1
         for _ in range(num_new_blocks):
             block_id = self._pop_free_block()
@@ -337,6 +381,7 @@ class BlockManager:
         return block.block_id
 
     def _record(self, block_id: int, seq: Sequence, site: AllocationSite, now: float) -> None:
+        self.allocations_by_site[site.value] += 1
         self.ledger.record(LedgerEntry(block_id, seq.seq_id, seq.request_id, site, self.current_step, now))
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -367,6 +412,7 @@ class BlockManager:
         table = list(self.block_tables.get(parent.seq_id, ()))
         self.block_tables[child.seq_id] = table
         self._num_hashed[child.seq_id] = self._num_hashed.get(parent.seq_id, 0)
+        self.num_forks += 1
         now = time.time()
         for block_id in table:
             self.blocks[block_id].ref_count += 1
@@ -411,10 +457,15 @@ class BlockManager:
             self._release(table[-1], seq)
         return len(table)
 
-    def _release(self, block_id: int, seq: Sequence) -> None:
+    def _release(self, block_id: int, seq: Sequence, path: str = "free") -> None:
         block = self.blocks[block_id]
         block.ref_count -= 1
-        self.ledger.clear(seq.seq_id, block_id)
+        entry = self.ledger.clear(seq.seq_id, block_id)
+        if self.ledger.enabled:
+            self.ledger.record_release(ReleaseRecord(
+                block_id, seq.seq_id, seq.request_id, entry, path, seq.status.value,
+                seq.finish_reason.value if seq.finish_reason else None, seq.num_preemptions, block.ref_count,
+                self.current_step, time.time()))
         if block.ref_count == 0:
             self.free_block_queue.append(block_id)
             if block.block_hash is not None:

@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,7 @@ from vlite.engine.block_manager import BlockManager, LedgerAnomaly
 from vlite.engine.config import EngineConfig
 from vlite.engine.detokenizer import detokenize_incrementally, find_stop_string, init_detokenizer, stop_holdback
 from vlite.engine.faults import FaultSet
+from vlite.engine.introspection import EngineView
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
 from vlite.engine.metrics import EngineStats
 from vlite.engine.model_runner import ModelRunner, SequenceError
@@ -95,6 +96,35 @@ class LedgerRecord:
 _request_counter = itertools.count()
 
 
+def _finish_kind(seq: Sequence) -> str:
+    """The coverage name of how ``seq`` ended: "stop:eos", "stop:stop_token", "stop:stop_string",
+    "stop" (other), "length", "abort" or "error"."""
+    reason = seq.finish_reason
+    if reason is not FinishReason.STOP:
+        return reason.value
+    if isinstance(seq.stop_reason, str):
+        return "stop:stop_string"
+    if isinstance(seq.stop_reason, int):
+        return "stop:stop_token"
+    if seq.output_token_ids and seq.output_token_ids[-1] in seq.eos_token_ids:
+        return "stop:eos"
+    return "stop"
+
+
+def _abort_state(seq: Sequence) -> str:
+    """The state an aborted sequence was in: waiting, preempted, prefill, decode, or resumed
+    (running again after a preemption)."""
+    if seq.status is SequenceStatus.WAITING:
+        return "waiting"
+    if seq.status is SequenceStatus.PREEMPTED:
+        return "preempted"
+    if seq.status is SequenceStatus.RUNNING:
+        if seq.num_preemptions:
+            return "resumed"
+        return "prefill" if seq.in_prefill and not seq.num_output_tokens else "decode"
+    return seq.status.value
+
+
 class LLMEngine:
     """The offline/online engine.
 
@@ -139,6 +169,13 @@ class LLMEngine:
         self._finished_order: OrderedDict[int, None] = OrderedDict()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Coverage counters (read through vlite.engine.introspection.EngineView): sequences
+        # finished by kind ("stop:eos", "stop:stop_token", "stop:stop_string",
+        # "stop:beam_pruned", "length", "abort", "error"), beams pruned, and aborted sequences by
+        # the state they were in ("waiting", "prefill", "decode", "preempted", "resumed").
+        self.finish_counts: Counter[str] = Counter()
+        self.num_beam_prunes = 0
+        self.abort_states: Counter[str] = Counter()
 
     # ---- set-up helpers ------------------------------------------------------------------
     def _derive_max_model_len(self) -> int:
@@ -236,6 +273,8 @@ class LLMEngine:
         seqs = list(self.scheduler.requests.get(request_id, ()))
         if not seqs:
             return False
+        for seq in seqs:
+            self.abort_states[_abort_state(seq)] += 1
         try:
             self.scheduler.abort(request_id)
         finally:
@@ -350,7 +389,8 @@ class LLMEngine:
                 self.generation_tokens_total += 1
         for parent in beam.running:
             if parent.seq_id not in by_parent:
-                self._finish(parent, FinishReason.STOP)  # pruned: the one free path
+                self.num_beam_prunes += 1
+                self._finish(parent, FinishReason.STOP, kind="stop:beam_pruned")  # pruned: the one free path
         beam.running = next_running
         if beam.done:
             for seq in next_running:
@@ -378,16 +418,18 @@ class LLMEngine:
             self._finish(seq, FinishReason.LENGTH)
 
     def _finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None,
-                error: str | None = None) -> None:
+                error: str | None = None, kind: str | None = None) -> None:
         try:
             self.scheduler.finish_sequence(seq, reason, stop_reason, error)
         finally:
-            self._record_finish(seq)
+            self._record_finish(seq, kind)
 
-    def _record_finish(self, seq: Sequence) -> None:
+    def _record_finish(self, seq: Sequence, kind: str | None = None) -> None:
         rec = self._records.get(seq.seq_id)
         if rec is None:
             return
+        if rec.finish_reason is None and seq.finish_reason is not None:
+            self.finish_counts[kind or _finish_kind(seq)] += 1
         rec.status = seq.status.value
         rec.finish_reason = seq.finish_reason.value if seq.finish_reason else None
         rec.num_output_tokens = seq.num_output_tokens
@@ -493,6 +535,7 @@ class LLMEngine:
             generation_tokens_total=self.generation_tokens_total,
             num_live_requests=len(self.scheduler.requests),
             blocks=self.block_manager.stats(),
+            coverage=EngineView(self).coverage(),
         )
 
     def _live_sequences(self) -> dict[int, Sequence]:

@@ -23,6 +23,7 @@ class EngineStats:
     generation_tokens_total: int
     num_live_requests: int
     blocks: BlockStats
+    coverage: object | None = None  # vlite.engine.introspection.Coverage: paths exercised so far
 
     @property
     def num_free_blocks(self) -> int:

@@ -61,6 +61,7 @@ class Scheduler:
         self.requests: dict[str, list[Sequence]] = {}  # live sequences by request id
         self.step_counter = 0
         self.num_preemptions_total = 0
+        self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
 
     # ---- queue management ----------------------------------------------------------------
     def add_sequence(self, seq: Sequence) -> None:
@@ -129,6 +130,8 @@ class Scheduler:
                 self.block_manager.prefix_cache_hits += num_cached
             seq.num_computed_tokens += num_cached
             self.waiting.popleft()
+            if seq.status is SequenceStatus.PREEMPTED:
+                self.num_resumptions_total += 1
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
@@ -191,8 +194,19 @@ class Scheduler:
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Abort every live sequence of a request, in any state (waiting, mid-prefill,
-        running, preempted). Returns the aborted sequences (empty if none was live)."""
+        running, preempted). Returns the aborted sequences (empty if none was live).
+
+        Raises:
+            the first exception a sequence's finish raised (e.g. a planted fault), after every
+            sequence of the request has been taken out of the queues.
+        """
         seqs = list(self.requests.get(request_id, ()))
-        for seq in seqs:
-            self.finish_sequence(seq, FinishReason.ABORT)
+        errors = []
+        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
+            try:
+                self.finish_sequence(seq, FinishReason.ABORT)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the siblings
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         return seqs

@@ -261,6 +261,9 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
         @app.get("/debug/blocks")
         async def debug_blocks() -> JSONResponse:
             """The block manager's state (see vlite.entrypoints.debug); read-only."""
-            return JSONResponse(await state.engine.run_on_engine(blocks_snapshot))
+            doc = await state.engine.run_on_engine(lambda engine: blocks_snapshot(engine, state.engine))
+            if state.metrics is not None:  # server state: per-request latency bookkeeping
+                doc["view"]["registries"]["server.metrics_last_token"] = len(state.metrics._last_token_time)
+            return JSONResponse(doc)
 
     return app

@@ -11,7 +11,11 @@ read-only methods, so it is consistent (no half-applied step). Shape::
      "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
      "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
                                                   a block shared by n sequences n, a double free < 0)
-     "live_state": {...LLMEngine.live_state()}}
+     "live_state": {...LLMEngine.live_state()},
+     "view": {"registries", "histories", "coverage", "released", "blocks_not_free", "request_history"}}
+
+``view`` is the engine's introspection point (vlite.engine.introspection.EngineView, with the
+async engine's and the server's registries), as ``vlite.diagnostics.snapshot.view_dict`` writes it.
 
 ``sequences`` lists every live sequence, including each sample of an n > 1 request and each
 beam (waiting ones with an empty block table), and then every block table whose owner is no
@@ -31,8 +35,11 @@ def _origin(origin: RequestOrigin | None) -> dict | None:
     return dataclasses.asdict(origin) if origin is not None else None
 
 
-def blocks_snapshot(engine: LLMEngine) -> dict:
+def blocks_snapshot(engine: LLMEngine, async_engine=None) -> dict:
     """Build the /debug/blocks document; call it on the engine thread (read-only)."""
+    from vlite.diagnostics.snapshot import view_dict
+    from vlite.engine.introspection import EngineView
+
     stats = engine.stats()
     tables = engine.block_tables_view()
     live = engine.live_state()
@@ -68,4 +75,5 @@ def blocks_snapshot(engine: LLMEngine) -> dict:
         "anomalies": anomalies,
         "ref_counts": {str(block): count for block, count in enumerate(engine.ref_counts()) if count},
         "live_state": live,
+        "view": view_dict(EngineView(engine, async_engine)),
     }

@@ -69,6 +69,31 @@ class _EngineStatsCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric([self.model_name], value)
             yield c
+        yield from _coverage_families(self.model_name, s.coverage)
+
+
+def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
+    """The engine's coverage counters (vlite.engine.introspection.Coverage), which vLLM lacks:
+    what the leak checker reads over HTTP to say which paths a run exercised."""
+    if cov is None:
+        return
+    labelled = [("vlite:kv_block_allocations", "KV block references allocated, by allocation site.", "site",
+                 cov.allocation_sites),
+                ("vlite:sequence_finished", "Sequences ended, by finish kind.", "kind", cov.finish_reasons),
+                ("vlite:sequence_aborted", "Sequences aborted, by the state they were in.", "state",
+                 cov.abort_states)]
+    for name, doc, label, counts in labelled:
+        c = CounterMetricFamily(name, doc, labels=["model_name", label])
+        for key, value in sorted(counts.items()):
+            c.add_metric([model_name, key], value)
+        yield c
+    for name, doc, value in [("vlite:num_resumptions", "Preempted sequences scheduled again.", cov.resumptions),
+                             ("vlite:forks", "Sequence forks (n > 1, beam search).", cov.forks),
+                             ("vlite:copy_on_write", "Copy-on-write block copies.", cov.copy_on_write),
+                             ("vlite:beam_prunes", "Beams pruned by beam search.", cov.beam_prunes)]:
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([model_name], value)
+        yield c
 
 
 class ServerMetrics:

@@ -1,0 +1,97 @@
+"""Coverage: which engine paths a leak-check run exercised, and which it never did.
+
+In process the counts come from the engine's introspection point
+(``vlite.engine.introspection.EngineView.coverage``); over HTTP from the server's ``/metrics``
+counters (``vlite:kv_block_allocations{site}``, ``vlite:sequence_finished{kind}``,
+``vlite:sequence_aborted{state}``, ``vlite:num_preemptions``, ``vlite:num_resumptions``,
+``vlite:prefix_cache_hits``, ``vlite:forks``, ``vlite:copy_on_write``, ``vlite:beam_prunes``).
+Counts are differences between the start and the end of the replay. A path the run never
+exercised is listed in ``not_exercised``: a leak on it could not have been seen.
+"""
+
+from __future__ import annotations
+
+# label -> test on the coverage dict; every path the default workload is meant to walk.
+PATHS: dict[str, callable] = {
+    "prefill allocation": lambda c: c["allocation_sites"].get("prefill", 0) > 0,
+    "decode append": lambda c: c["allocation_sites"].get("decode append", 0) > 0,
+    "prefix-cache hit": lambda c: c["prefix_hit_tokens"] > 0,
+    "fork": lambda c: c["forks"] > 0,
+    "copy-on-write": lambda c: c["copy_on_write"] > 0,
+    "preemption": lambda c: c["preemptions"] > 0,
+    "resumption after preemption": lambda c: c.get("resumptions", 0) > 0,
+    "beam search pruning": lambda c: c["beam_prunes"] > 0,
+    "EOS finish": lambda c: c["finish_reasons"].get("stop:eos", 0) > 0,
+    "stop-token finish": lambda c: c["finish_reasons"].get("stop:stop_token", 0) > 0,
+    "stop-string finish": lambda c: c["finish_reasons"].get("stop:stop_string", 0) > 0,
+    "length finish": lambda c: c["finish_reasons"].get("length", 0) > 0,
+    "abort while waiting": lambda c: c.get("abort_states", {}).get("waiting", 0) > 0,
+    "abort during prefill": lambda c: c.get("abort_states", {}).get("prefill", 0) > 0,
+    "abort during decode": lambda c: c.get("abort_states", {}).get("decode", 0) > 0,
+    "abort after preemption": lambda c: (c.get("abort_states", {}).get("preempted", 0)
+                                         + c.get("abort_states", {}).get("resumed", 0)) > 0,
+    "abort after resumption": lambda c: c.get("abort_states", {}).get("resumed", 0) > 0,
+}
+_COUNTS = ("allocation_sites", "finish_reasons", "abort_states")
+_SCALARS = ("preemptions", "resumptions", "prefix_hit_tokens", "forks", "copy_on_write", "beam_prunes")
+
+
+def diff(after: dict, before: dict | None) -> dict:
+    """``after - before`` for every count (both in the ``Coverage.to_dict`` shape)."""
+    before = before or {}
+    out: dict = {}
+    for key in _COUNTS:
+        a, b = after.get(key) or {}, before.get(key) or {}
+        out[key] = {k: v - b.get(k, 0) for k, v in sorted(a.items()) if v - b.get(k, 0)}
+    for key in _SCALARS:
+        out[key] = (after.get(key) or 0) - (before.get(key) or 0)
+    return out
+
+
+def section(after: dict | None, before: dict | None = None) -> dict | None:
+    """The report's coverage section: counts over the run and ``not_exercised`` (path labels)."""
+    if after is None:
+        return None
+    cov = diff(after, before)
+    cov["not_exercised"] = [label for label, ok in PATHS.items() if not ok(cov)]
+    return cov
+
+
+def from_metrics_text(text: str) -> dict | None:
+    """Coverage counts from a vlite ``/metrics`` page, or None when the server exposes none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    labelled = {"vlite:kv_block_allocations_total": ("allocation_sites", "site"),
+                "vlite:sequence_finished_total": ("finish_reasons", "kind"),
+                "vlite:sequence_aborted_total": ("abort_states", "state")}
+    scalars = {"vlite:num_preemptions_total": "preemptions", "vlite:num_resumptions_total": "resumptions",
+               "vlite:prefix_cache_hits_total": "prefix_hit_tokens", "vlite:forks_total": "forks",
+               "vlite:copy_on_write_total": "copy_on_write", "vlite:beam_prunes_total": "beam_prunes"}
+    out: dict = {k: {} for k, _ in labelled.values()} | {k: 0 for k in scalars.values()}
+    seen = False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in labelled:
+                key, label = labelled[s.name]
+                out[key][s.labels.get(label, "")] = int(s.value)
+                seen = True
+            elif s.name in scalars:
+                out[scalars[s.name]] = int(s.value)
+                seen = seen or s.name == "vlite:forks_total"
+    return out if seen else None
+
+
+def lines(cov: dict | None) -> list[str]:
+    """Human lines for the console and report.md (warnings for paths not exercised)."""
+    if cov is None:
+        return ["coverage: not available (the target exposes no coverage counters)"]
+    sites = ", ".join(f"{k} {v}" for k, v in cov["allocation_sites"].items()) or "none"
+    finishes = ", ".join(f"{k} {v}" for k, v in cov["finish_reasons"].items()) or "none"
+    aborts = ", ".join(f"{k} {v}" for k, v in cov.get("abort_states", {}).items()) or "none"
+    out = [f"coverage: allocations by site: {sites}",
+           f"coverage: finishes: {finishes}; aborts by state: {aborts}",
+           f"coverage: {cov['preemptions']} preemptions, {cov.get('resumptions', 0)} resumptions, "
+           f"{cov['prefix_hit_tokens']} prefix-hit tokens, {cov['forks']} forks, {cov['copy_on_write']} "
+           f"copy-on-write copies, {cov['beam_prunes']} beam prunes"]
+    out += [f"not exercised: {p}" for p in cov["not_exercised"]]
+    return out

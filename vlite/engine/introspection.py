@@ -1,0 +1,224 @@
+"""EngineView: one read-only introspection point of the engine for diagnostics.
+
+The leak checker (in process) and ``/debug/blocks`` (over HTTP) read the engine's per-request
+registries, its coverage counters and the ledger's release history only through this view,
+so a new registry is added to the checks in one place. Every method returns a frozen copy;
+nothing here changes the engine. Call it while the engine is not stepping (between steps, on
+the engine thread for a served engine) for a consistent picture; the sizes alone are safe to
+sample from another thread (they are ``len()`` reads).
+
+Registries (per-request state that must be empty once the engine is idle):
+
+=========================  ==================================================================
+``scheduler.requests``     live sequences by request id
+``scheduler.waiting``      waiting (and preempted) sequences
+``scheduler.running``      running sequences
+``engine.groups``          per-request groups (samples, beam state, reported tokens)
+``block_tables``           block tables by sequence id
+``prefix_hash_progress``   full blocks already hashed, by sequence id (prefix caching)
+``pending_copies``         copy-on-write copies not yet applied
+``ledger.held``            block references held (the allocation ledger)
+``async.live``             the async engine's requests in flight (a served engine only)
+``server.metrics_...``     the server's per-request last-token times (``/debug/blocks`` only)
+=========================  ==================================================================
+
+Bounded, documented histories (allowed to be non-empty at idle, never above their bound):
+``engine.records`` and ``engine.finished_order`` (``EngineConfig.finished_history`` finished
+sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
+references), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
+``num_cached_blocks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from vlite.engine.block_manager import ReleaseRecord
+
+# Registry name -> what it holds; empty at idle.
+REGISTRIES: dict[str, str] = {
+    "scheduler.requests": "live sequences by request id",
+    "scheduler.waiting": "waiting and preempted sequences",
+    "scheduler.running": "running sequences",
+    "engine.groups": "per-request groups (samples, beam state)",
+    "block_tables": "block tables by sequence id",
+    "prefix_hash_progress": "hashed full blocks by sequence id (prefix caching)",
+    "pending_copies": "copy-on-write copies not applied yet",
+    "ledger.held": "block references held (allocation ledger)",
+}
+ASYNC_REGISTRIES: dict[str, str] = {
+    "async.live": "the async engine's requests in flight",
+    "server.metrics_last_token": "the server's per-request last-token times (inter-token latency)",
+}
+# History name -> what it holds; bounded, allowed at idle.
+HISTORIES: dict[str, str] = {
+    "engine.records": "request records of live and recently finished sequences (attribution)",
+    "engine.finished_order": "recently finished sequences, oldest first (bounded by finished_history)",
+    "ledger.released": "released block references (bounded release history)",
+    "prefix_cache.index": "prefix-cache hash index (one entry per cached block)",
+}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which engine paths a run exercised (counts since the engine started).
+
+    allocation_sites: block references allocated, by ledger site ("prefill", "decode append",
+        "prefix cache hit", "fork", "copy-on-write").
+    finish_reasons: sequences ended, by kind ("stop:eos", "stop:stop_token",
+        "stop:stop_string", "stop:beam_pruned", "stop", "length", "abort", "error").
+    abort_states: aborted sequences by the state they were in ("waiting", "prefill",
+        "decode", "preempted", "resumed").
+    preemptions, resumptions: recompute preemptions, and preempted sequences scheduled again.
+    prefix_hit_tokens: prompt tokens served from the prefix cache (tokens).
+    forks: fork calls (n > 1 samples, beam search); copy_on_write: block copies;
+    beam_prunes: beams dropped by beam search.
+    """
+
+    allocation_sites: Mapping[str, int]
+    finish_reasons: Mapping[str, int]
+    abort_states: Mapping[str, int]
+    preemptions: int
+    resumptions: int
+    prefix_hit_tokens: int
+    forks: int
+    copy_on_write: int
+    beam_prunes: int
+
+    def to_dict(self) -> dict:
+        return {"allocation_sites": dict(self.allocation_sites), "finish_reasons": dict(self.finish_reasons),
+                "abort_states": dict(self.abort_states), "preemptions": self.preemptions,
+                "resumptions": self.resumptions, "prefix_hit_tokens": self.prefix_hit_tokens, "forks": self.forks,
+                "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes}
+
+
+@dataclass(frozen=True)
+class HistorySize:
+    """A bounded history's size and bound (entries)."""
+
+    size: int
+    bound: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """A frozen picture: step, registry sizes (entries), history sizes and coverage."""
+
+    step: int
+    registries: Mapping[str, int]
+    histories: Mapping[str, HistorySize]
+    coverage: Coverage
+    num_cached_blocks: int
+    finished_history: int = field(default=0)
+
+
+@dataclass(frozen=True)
+class RequestHistory:
+    """What the engine remembers of one request (its sequences together).
+
+    finished_time: when its last sequence ended (``time.time()`` s, None while live);
+    released_time / released_step: the last release of one of its block references (from the
+    bounded release history; None if none is remembered); num_output_tokens: tokens generated
+    by all its sequences.
+    """
+
+    request_id: str
+    finished: bool
+    finish_reasons: tuple[str, ...]
+    finished_time: float | None
+    released_time: float | None
+    released_step: int | None
+    num_output_tokens: int  # the most of any of its sequences (tokens)
+    num_preemptions: int
+
+
+class EngineView:
+    """Read-only view of an ``LLMEngine`` (and optionally the ``AsyncLLMEngine`` serving it)."""
+
+    def __init__(self, engine, async_engine=None) -> None:
+        self._engine = engine
+        self._async = async_engine
+
+    def registries(self) -> dict[str, int]:
+        """Sizes (entries) of every per-request registry; all 0 when the engine is idle."""
+        e = self._engine
+        sched, bm = e.scheduler, e.block_manager
+        sizes = {"scheduler.requests": len(sched.requests), "scheduler.waiting": len(sched.waiting),
+                 "scheduler.running": len(sched.running), "engine.groups": len(e._groups),
+                 "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
+                 "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger)}
+        if self._async is not None:
+            sizes["async.live"] = len(self._async._live)
+        return sizes
+
+    def histories(self) -> dict[str, HistorySize]:
+        """Sizes and bounds of the bounded histories (allowed to be non-empty at idle)."""
+        e = self._engine
+        bm = e.block_manager
+        keep = e.config.finished_history
+        live = sum(len(s) for s in e.scheduler.requests.values())
+        return {"engine.records": HistorySize(len(e._records), keep + live),
+                "engine.finished_order": HistorySize(len(e._finished_order), keep),
+                "ledger.released": HistorySize(len(bm.ledger.released), bm.ledger.released.maxlen or 0),
+                "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
+
+    def coverage(self) -> Coverage:
+        """The coverage counters since the engine started (counts; see ``Coverage``)."""
+        e = self._engine
+        bm = e.block_manager
+        return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(e.finish_counts)),
+                        MappingProxyType(dict(e.abort_states)), e.scheduler.num_preemptions_total,
+                        e.scheduler.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
+                        e.num_beam_prunes)
+
+    def snapshot(self) -> EngineSnapshot:
+        """Registries, histories and coverage in one frozen object."""
+        e = self._engine
+        return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
+                              MappingProxyType(self.histories()), self.coverage(),
+                              e.block_manager.num_cached_blocks, e.config.finished_history)
+
+    def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
+        """The release history (oldest first), or only the records of ``block_ids``."""
+        hist = self._engine.block_manager.ledger.released
+        return tuple(r for r in hist if block_ids is None or r.block_id in block_ids)
+
+    def request_history(self, request_ids: set[str] | None = None) -> dict[str, RequestHistory]:
+        """Per request (live or remembered): finish state, last release (time, step), tokens."""
+        e = self._engine
+        by_req: dict[str, list] = {}
+        for rec in list(e._records.values()):
+            rid = rec.origin.request_id
+            if request_ids is None or rid in request_ids:
+                by_req.setdefault(rid, []).append(rec)
+        last_release: dict[str, tuple[float, int]] = {}
+        for r in e.block_manager.ledger.released:
+            if r.request_id in by_req:
+                last_release[r.request_id] = (r.time, r.step)
+        out = {}
+        for rid, recs in by_req.items():
+            finished = all(r.finish_reason is not None for r in recs) and rid not in e.scheduler.requests
+            times = [r.finished_time for r in recs if r.finished_time is not None]
+            rel = last_release.get(rid)
+            out[rid] = RequestHistory(rid, finished, tuple(r.finish_reason for r in recs if r.finish_reason),
+                                      max(times) if finished and times else None, rel[0] if rel else None,
+                                      rel[1] if rel else None, max(r.num_output_tokens for r in recs),
+                                      sum(r.num_preemptions for r in recs))
+        return out
+
+    @property
+    def step(self) -> int:
+        """The engine step counter (steps scheduled since start)."""
+        return self._engine.scheduler.step_counter
+
+    def request_tokens(self, request_id: str) -> int:
+        """Output tokens of a live request now: the most of any of its live sequences (0 if none)."""
+        return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
+
+    def blocks_not_free(self) -> list[dict]:
+        """Every block that is not in the free block queue: block_id and ref_count."""
+        bm = self._engine.block_manager
+        return [{"block_id": b.block_id, "ref_count": b.ref_count} for b in bm.blocks
+                if b.block_id not in bm.free_block_queue or b.ref_count != 0]
