@@ -425,27 +425,15 @@ class OpenAIServing:
 
     # ---- what a route supplies --------------------------------------------------------------
     def check(self) -> None:
-        """Refuse what the route does not support and check limits, before tokenizing.
-
-        Raises:
-            APIError: 400 naming the field.
-        """
+        """Refuse what the route does not support and check limits, before tokenizing (APIError 400)."""
         raise NotImplementedError
 
     def render(self) -> list[RenderedPrompt]:
-        """The prompt(s), one engine request each; runs in a tokenizer thread (may be slow).
-
-        Raises:
-            APIError: 400 for a prompt that cannot be rendered.
-        """
+        """The prompt(s), one engine request each; runs in a tokenizer thread (APIError 400 if unrenderable)."""
         raise NotImplementedError
 
     def params(self, prompts: list[RenderedPrompt]) -> SamplingParams:
-        """The SamplingParams of the engine requests (``prompts`` as ``render`` made them).
-
-        Raises:
-            APIError: 400 for a value out of range or an unsupported option.
-        """
+        """The engine requests' SamplingParams (``prompts`` as ``render`` made them; APIError 400)."""
         raise NotImplementedError
 
     def opening_choices(self) -> list[BaseModel]:
