@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -389,7 +390,7 @@ def usage_info(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
                      total_tokens=prompt_tokens + completion_tokens)
 
 
-class OpenAIServing:
+class OpenAIServing(ABC):
     """One OpenAI generation request, from its parsed body to the response: the pipeline that
     POST /v1/completions and POST /v1/chat/completions share (as vLLM's ``OpenAIServing`` base
     class, but one instance per HTTP request). ``serve()`` runs it:
@@ -424,29 +425,29 @@ class OpenAIServing:
         self.response_id = ""  # set by serve() once the request id is known
 
     # ---- what a route supplies --------------------------------------------------------------
+    @abstractmethod
     def check(self) -> None:
         """Refuse what the route does not support and check limits, before tokenizing (APIError 400)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def render(self) -> list[RenderedPrompt]:
         """The prompt(s), one engine request each; runs in a tokenizer thread (APIError 400 if unrenderable)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def params(self, prompts: list[RenderedPrompt]) -> SamplingParams:
         """The engine requests' SamplingParams (``prompts`` as ``render`` made them; APIError 400)."""
-        raise NotImplementedError
 
     def opening_choices(self) -> list[BaseModel]:
         """Choices sent each in its own chunk before any output (chat: the role); none by default."""
         return []
 
+    @abstractmethod
     def stream_choice(self, d: ChoiceDelta) -> BaseModel:
         """The choice object of the chunk for one choice's delta."""
-        raise NotImplementedError
 
+    @abstractmethod
     def final_choice(self, prompt_index: int, c: CompletionOutput) -> BaseModel:
         """The choice object of the non-streaming response for choice ``c`` of prompt ``prompt_index``."""
-        raise NotImplementedError
 
     def chunk(self, choices: list[BaseModel], usage: UsageInfo | None = None) -> dict:
         """One SSE chunk's JSON: ``chunk_type`` with ``choices``; ``usage`` only in the usage chunk."""
