@@ -124,6 +124,20 @@ def test_chat_greedy_and_streaming_agree(client, offline):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
+def test_chat_without_max_tokens_fills_the_kv_cache_share_of_each_choice(client):
+    """No max_tokens: OpenAI's "up to the context length", capped so that all n choices fit the
+    KV cache at once: (num_blocks // n) * block_size tokens each, prompt included (16-token
+    blocks, the server's default; the context, 4096 tokens, is not the bound here)."""
+    n = 8
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "block " * 200}], n=n,
+                                         temperature=1.0, seed=0, extra_body={"ignore_eos": True})
+    per_choice = (NUM_BLOCKS // n) * 16 - out.usage.prompt_tokens
+    assert 0 < per_choice < 40  # the prompt fills most of each choice's share
+    assert sorted(c.index for c in out.choices) == list(range(n))
+    assert {c.finish_reason for c in out.choices} == {"length"}
+    assert out.usage.completion_tokens == n * per_choice
+
+
 
 def test_streaming_completion_n2(client):
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=8, n=2, temperature=1.0,

@@ -155,6 +155,11 @@ class AsyncLLMEngine:
         self._thread.start()
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block (fixed once the engine is built); the block count is ``latest_stats.num_total_blocks``."""
+        return self.engine.block_size
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

@@ -45,8 +45,8 @@ from vlite.entrypoints.protocol import (
     VersionResponse,
 )
 from vlite.entrypoints.serving import check_prompt_chars, off_loop, served_model, with_cancellation
-from vlite.entrypoints.serving_chat import chat_plain_messages, check_chat_chars, create_chat_completion, render_chat
-from vlite.entrypoints.serving_completion import create_completion
+from vlite.entrypoints.serving_chat import OpenAIServingChat, chat_plain_messages, check_chat_chars, render_chat
+from vlite.entrypoints.serving_completion import OpenAIServingCompletion
 from vlite.entrypoints.state import ServerSettings, ServerState
 
 logger = logging.getLogger("vlite.server")
@@ -214,13 +214,13 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
         200: {"model": CompletionResponse, "content": _SSE}, **_errors(*_COMMON_ERRORS, 404, 500)})
     @with_cancellation
     async def completions(req: CompletionRequest, request: Request) -> Response:
-        return await create_completion(req, request, state)
+        return await OpenAIServingCompletion(req, request, state).serve()
 
     @app.post("/v1/chat/completions", response_class=JSONResponse, responses={
         200: {"model": ChatCompletionResponse, "content": _SSE}, **_errors(*_COMMON_ERRORS, 404, 500)})
     @with_cancellation
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        return await create_chat_completion(req, request, state)
+        return await OpenAIServingChat(req, request, state).serve()
 
     @app.post("/tokenize", responses=_errors(*_COMMON_ERRORS, 404))
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

@@ -1,5 +1,7 @@
-"""What the completion and chat routes share: origin, sampling params, engine requests, SSE
-streaming and the abort-on-disconnect plumbing.
+"""The OpenAI request pipeline that the completion and chat routes share (``OpenAIServing``):
+validation, tokenizing off the event loop, engine requests, SSE streaming, the final response,
+usage, logprobs, errors and the abort-on-disconnect plumbing. A route supplies only its prompt
+rendering and the shape of its choices and chunks.
 
 One engine request per prompt: its ``n`` choices (parallel samples or beams) are the
 sequences of that one request, which share the prompt's KV blocks by ref_count. Choice ``j``
@@ -13,10 +15,13 @@ import functools
 import json
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -27,7 +32,7 @@ from vlite.engine.outputs import CompletionOutput, RequestOutput
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.sequence import RequestOrigin
 from vlite.entrypoints.errors import APIError
-from vlite.entrypoints.protocol import SamplingRequest
+from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState
 
 logger = logging.getLogger("vlite.server")
@@ -373,6 +378,128 @@ class AbortOnCloseStreamingResponse(StreamingResponse):
             if not self.group.all_finished:
                 logger.info("client of %s went away; aborting %s", scope.get("path"), self.group.request_ids)
             self.group.abort()
+
+
+# A rendered prompt: its text (None when the client sent token ids) and its token ids.
+RenderedPrompt = tuple[str | None, list[int]]
+
+
+def usage_info(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    """OpenAI's ``usage`` (token counts) for the prompts and the output tokens of every choice."""
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+
+
+class OpenAIServing(ABC):
+    """One OpenAI generation request, from its parsed body to the response: the pipeline that
+    POST /v1/completions and POST /v1/chat/completions share (as vLLM's ``OpenAIServing`` base
+    class, but one instance per HTTP request). ``serve()`` runs it:
+
+    1. warn about unknown fields; resolve ``model`` (404 for one not served);
+    2. ``check()``: the route's refusals and limits, before any tokenizing (400);
+    3. ``render()`` in the tokenizer threads (``off_loop``): the prompt(s) as token ids;
+    4. ``params(prompts)``: the SamplingParams of every prompt's engine request;
+    5. one engine request per prompt, its ``n`` choices the sequences of that request
+       (``add_to_engine``: 400 if the engine rejects it, 503 while shutting down);
+    6. ``stream: true``: SSE chunks, one choice each (``opening_choices()`` first, then
+       ``stream_choice()`` per delta), the usage chunk if ``stream_options.include_usage``,
+       then ``[DONE]``; the engine requests are aborted however the stream ends. Otherwise one
+       JSON body of ``final_choice()`` per choice (prompt order, then choice index) with usage.
+       An engine failure is a 500 (an error event in a stream), a shutdown abort a 503.
+
+    A route subclass supplies steps 2-4 and the shapes: ``response_id_prefix`` (the response
+    ``id`` is ``<prefix>-<X-Request-Id>``), ``chunk_type`` (OpenAI's chunk object) and
+    ``response_type`` (the non-streaming body).
+    """
+
+    response_id_prefix: ClassVar[str]
+    chunk_type: ClassVar[type[BaseModel]]
+    response_type: ClassVar[type[BaseModel]]
+
+    def __init__(self, req: SamplingRequest, request: Request, state: ServerState) -> None:
+        self.req = req
+        self.request = request
+        self.state = state
+        self.tokenizer = state.engine.engine.tokenizer
+        self.model = state.model_name  # the name to answer with (set from ``req.model`` by serve())
+        self.response_id = ""  # set by serve() once the request id is known
+
+    # ---- what a route supplies --------------------------------------------------------------
+    @abstractmethod
+    def check(self) -> None:
+        """Refuse what the route does not support and check limits, before tokenizing (APIError 400)."""
+
+    @abstractmethod
+    def render(self) -> list[RenderedPrompt]:
+        """The prompt(s), one engine request each; runs in a tokenizer thread (APIError 400 if unrenderable)."""
+
+    @abstractmethod
+    def params(self, prompts: list[RenderedPrompt]) -> SamplingParams:
+        """The engine requests' SamplingParams (``prompts`` as ``render`` made them; APIError 400)."""
+
+    def opening_choices(self) -> list[BaseModel]:
+        """Choices sent each in its own chunk before any output (chat: the role); none by default."""
+        return []
+
+    @abstractmethod
+    def stream_choice(self, d: ChoiceDelta) -> BaseModel:
+        """The choice object of the chunk for one choice's delta."""
+
+    @abstractmethod
+    def final_choice(self, prompt_index: int, c: CompletionOutput) -> BaseModel:
+        """The choice object of the non-streaming response for choice ``c`` of prompt ``prompt_index``."""
+
+    def chunk(self, choices: list[BaseModel], usage: UsageInfo | None = None) -> dict:
+        """One SSE chunk's JSON: ``chunk_type`` with ``choices``; ``usage`` only in the usage chunk."""
+        body = self.chunk_type(id=self.response_id, model=self.model, choices=choices, usage=usage)
+        return body.model_dump(mode="json", exclude=None if usage is not None else {"usage"})
+
+    # ---- the pipeline -----------------------------------------------------------------------
+    async def serve(self) -> Response:
+        """Validate, queue and answer the request (a JSON body or an SSE stream).
+
+        Raises:
+            APIError: 400 for invalid parameters or a prompt the engine rejects, 404 for an
+                unknown model, 500 if the engine failed the request, 503 while shutting down.
+        """
+        warn_ignored_fields(self.req)
+        self.model = served_model(self.state, self.req.model)
+        self.check()
+        prompts = await off_loop(self.state, self.render)
+        params = self.params(prompts)
+        info = RequestInfo.from_request(self.request)
+        group = await add_to_engine(self.state, [
+            EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)
+            for p, (text, ids) in enumerate(prompts)])
+        self.response_id = f"{self.response_id_prefix}-{info.request_id}"
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        if self.req.stream:
+            return AbortOnCloseStreamingResponse(self._stream(group, prompt_tokens), group)
+        finals = await collect_final(group)
+        choices = [self.final_choice(p, c) for p, out in enumerate(finals)
+                   for c in sorted(out.outputs, key=lambda c: c.index)]
+        completion_tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
+        body = self.response_type(id=self.response_id, model=self.model, choices=choices,
+                                  usage=usage_info(prompt_tokens, completion_tokens))
+        return JSONResponse(body.model_dump(mode="json"))
+
+    async def _stream(self, group: RequestGroup, prompt_tokens: int) -> AsyncIterator[str]:
+        """SSE chunks, one choice per chunk; a choice's last chunk carries its finish_reason.
+        Beam search choices arrive whole in one chunk at the end."""
+        for choice in self.opening_choices():
+            yield sse(self.chunk([choice]))
+        deltas = GroupStreamer(group, self.req.n)
+        try:
+            async for d in deltas:
+                if d.error is not None:
+                    yield APIError(500, f"the engine failed on this request: {d.error}").sse()
+                    continue
+                yield sse(self.chunk([self.stream_choice(d)]))
+        except RuntimeError as exc:  # the engine loop failed this request
+            yield APIError(500, str(exc)).sse()
+        if self.req.stream_options and self.req.stream_options.include_usage:
+            yield sse(self.chunk([], usage_info(prompt_tokens, deltas.completion_tokens)))
+        yield SSE_DONE
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -9,13 +9,8 @@ no choices; the stream ends with ``data: [DONE]``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
-
-from vlite.engine.async_engine import EngineRequest, RequestGroup
 from vlite.engine.outputs import CompletionOutput
+from vlite.engine.sampling_params import SamplingParams
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import (
     ChatChoiceLogprobs,
@@ -32,20 +27,13 @@ from vlite.entrypoints.protocol import (
     UsageInfo,
 )
 from vlite.entrypoints.serving import (
-    SSE_DONE,
-    AbortOnCloseStreamingResponse,
-    GroupStreamer,
-    RequestInfo,
-    add_to_engine,
+    ChoiceDelta,
+    OpenAIServing,
+    RenderedPrompt,
     check_limits,
     check_prompt_chars,
     clamp_logprob,
-    collect_final,
-    off_loop,
     sampling_params,
-    served_model,
-    sse,
-    warn_ignored_fields,
 )
 from vlite.entrypoints.state import ServerState
 
@@ -123,85 +111,64 @@ def _default_max_tokens(state: ServerState, req: ChatCompletionRequest, num_prom
     the engine requires of a request it admits (LLMEngine._check_fits). At least 1; a prompt
     that leaves no room is then refused by the engine with its own message."""
     width = max(req.n, (req.best_of or req.n) if req.use_beam_search else 1, 1)
-    engine = state.engine.engine  # block_size and the block count are fixed once loaded
-    cache_tokens = (engine.block_manager.num_total_blocks // width) * engine.block_size
+    engine = state.engine  # the block count and block_size are fixed once loaded
+    cache_tokens = (engine.latest_stats.num_total_blocks // width) * engine.block_size
     return max(1, min(state.max_model_len, cache_tokens) - num_prompt_tokens)
 
 
-async def create_chat_completion(req: ChatCompletionRequest, request: Request, state: ServerState) -> Response:
-    """Validate, queue and answer one chat completions request (JSON or an SSE stream).
+class OpenAIServingChat(OpenAIServing):
+    """POST /v1/chat/completions on the shared pipeline (serving.OpenAIServing): ``messages``
+    rendered by the model's chat template into one engine request; a choice is a
+    ``chat.completion.chunk`` delta (after a first chunk with the role per choice) or a
+    ``chat.completion`` message, with ``logprobs.content``."""
 
-    Raises:
-        APIError: 400 for invalid parameters or a prompt the engine rejects, 404 for an unknown
-            model, 503 while shutting down.
-    """
-    warn_ignored_fields(req)
-    model = served_model(state, req.model)
-    if req.tools:
-        raise APIError(400, "tools are not supported", param="tools")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    tokenizer = state.engine.engine.tokenizer
-    plain = chat_plain_messages(req.messages)
-    max_tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    check_limits(state, req, max_tokens or 1, max_tokens_param=max_tokens_param)
-    check_chat_chars(state, plain)
-    text, ids = await off_loop(state, render_chat, tokenizer, plain, req.add_generation_prompt)
-    if max_tokens is None:
-        max_tokens = _default_max_tokens(state, req, len(ids))
-    num_top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens, num_top)
-    info = RequestInfo.from_request(request)
-    group = await add_to_engine(state, [EngineRequest(text, params, info.origin(info.request_id), ids)])
-    response_id = f"chatcmpl-{info.request_id}"
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return AbortOnCloseStreamingResponse(
-            _stream(group, req.n, tokenizer, response_id, model, num_top, include_usage, len(ids)), group)
-    (final,) = await collect_final(group)
-    choices = []
-    for c in sorted(final.outputs, key=lambda c: c.index):
-        logprobs = chat_logprobs(tokenizer, c, 0, len(c.token_ids), num_top) if num_top is not None else None
-        choices.append(ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                                            logprobs=logprobs, finish_reason=c.finish_reason,
-                                            stop_reason=c.stop_reason))
-    completion_tokens = sum(len(c.token_ids) for c in final.outputs)
-    body = ChatCompletionResponse(id=response_id, model=model, choices=choices,
-                                  usage=UsageInfo(prompt_tokens=len(ids), completion_tokens=completion_tokens,
-                                                  total_tokens=len(ids) + completion_tokens))
-    return JSONResponse(body.model_dump(mode="json"))
+    response_id_prefix = "chatcmpl"
+    chunk_type = ChatCompletionChunk
+    response_type = ChatCompletionResponse
+    req: ChatCompletionRequest
 
+    def check(self) -> None:
+        req = self.req
+        if req.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        self.plain = chat_plain_messages(req.messages)
+        max_tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        self.max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        check_limits(self.state, req, self.max_tokens or 1, max_tokens_param=max_tokens_param)
+        check_chat_chars(self.state, self.plain)
+        self.num_top = (req.top_logprobs or 0) if req.logprobs else None
 
-async def _stream(group: RequestGroup, n: int, tokenizer, response_id: str, model: str, num_top: int | None,
-                  include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
-    """SSE chunks: the role chunk of every choice, then one choice per chunk; a choice's last
-    chunk carries its finish_reason. Beam search choices arrive whole in one chunk at the end."""
-    def chunk(index: int, delta: DeltaMessage, finish_reason: str | None = None,
-              logprobs: ChatChoiceLogprobs | None = None) -> str:
-        body = ChatCompletionChunk(id=response_id, model=model, choices=[ChatStreamChoice(
-            index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)])
-        data = body.model_dump(mode="json", exclude={"usage"})
+    def render(self) -> list[RenderedPrompt]:
+        return [render_chat(self.tokenizer, self.plain, self.req.add_generation_prompt)]
+
+    def params(self, prompts: list[RenderedPrompt]) -> SamplingParams:
+        max_tokens = self.max_tokens
+        if max_tokens is None:
+            max_tokens = _default_max_tokens(self.state, self.req, len(prompts[0][1]))
+        return sampling_params(self.req, max_tokens, self.num_top)
+
+    def _logprobs(self, c: CompletionOutput, start: int, end: int) -> ChatChoiceLogprobs | None:
+        return None if self.num_top is None else chat_logprobs(self.tokenizer, c, start, end, self.num_top)
+
+    def opening_choices(self) -> list[ChatStreamChoice]:
+        return [ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))
+                for j in range(self.req.n)]
+
+    def stream_choice(self, d: ChoiceDelta) -> ChatStreamChoice:
+        c = d.choice
+        return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=d.text) if d.text else DeltaMessage(),
+                                logprobs=self._logprobs(c, d.first_token, d.end_token),
+                                finish_reason=c.finish_reason)
+
+    def final_choice(self, prompt_index: int, c: CompletionOutput) -> ChatCompletionChoice:
+        return ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                                    logprobs=self._logprobs(c, 0, len(c.token_ids)),
+                                    finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def chunk(self, choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> dict:
+        data = super().chunk(choices, usage)
         for choice in data["choices"]:  # OpenAI omits unset delta fields (role after the first chunk)
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
-        return sse(data)
-
-    for j in range(n):
-        yield chunk(j, DeltaMessage(role="assistant", content=""))
-    deltas = GroupStreamer(group, n)
-    try:
-        async for d in deltas:
-            if d.error is not None:
-                yield APIError(500, f"the engine failed on this request: {d.error}").sse()
-                continue
-            c = d.choice
-            logprobs = chat_logprobs(tokenizer, c, d.first_token, d.end_token, num_top) if num_top is not None else None
-            yield chunk(c.index, DeltaMessage(content=d.text) if d.text else DeltaMessage(), c.finish_reason, logprobs)
-    except RuntimeError as exc:  # the engine loop failed this request
-        yield APIError(500, str(exc)).sse()
-    if include_usage:
-        tokens = deltas.completion_tokens
-        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=tokens, total_tokens=prompt_tokens + tokens)
-        body = ChatCompletionChunk(id=response_id, model=model, choices=[], usage=usage)
-        yield sse(body.model_dump(mode="json"))
-    yield SSE_DONE
+        return data
