@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for the Triton path (docs/kernels.md). On a machine with an NVIDIA GPU and a CUDA
 # build of torch, from anywhere:   benchmarks/gpu_check.sh [--json results.json]
-#   1. the kernel tests (tests/triton_kernel_cases.py), compiled on the GPU, plus the
+#   1. the kernel tests (tests/kernels/triton_kernel_cases.py), compiled on the GPU, plus the
 #      CUDA-graph decode test;
 #   2. kernel timings (benchmarks/gpu_check.py): do_bench medians at chip-filling sizes,
 #      achieved bandwidth against the measured device-to-device copy bandwidth;
@@ -24,7 +24,7 @@ export -n TRITON_INTERPRET 2>/dev/null; unset TRITON_INTERPRET  # compiled kerne
 
 status=0
 echo "== 1/3 kernel tests on the GPU"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/triton_kernel_cases.py || { echo "kernel tests FAILED"; status=1; }
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_kernel_cases.py || { echo "kernel tests FAILED"; status=1; }
 
 echo "== 2/3 kernel timings (triton.testing.do_bench, median)"
 timeout 90 "$PY" benchmarks/gpu_check.py "$@" || { echo "timings FAILED (or accuracy check failed)"; status=1; }

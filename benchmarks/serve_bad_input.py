@@ -5,7 +5,7 @@
 
 Prints the status and the start of the body (or, for streams, whether each event is JSON). The
 output before and after issue 12 is in benchmarks/results/serve_bad_input_{before,after}.txt.
-Each example is also a test in tests/test_serve_hardening.py. Takes about 15 s (it waits 12 s
+Each example is also a test in tests/server/test_serve_hardening.py. Takes about 15 s (it waits 12 s
 to see whether half-sent request heads are closed). Not part of CI.
 """
 import json

@@ -1,7 +1,7 @@
 """Server adapters: map one server's ``/metrics`` series onto the leak checker's columns.
 
 Each adapter knows the series one server exports (names read from that project's docs and
-source; the fixtures under ``tests/fixtures/`` are recorded or rebuilt pages) and turns a scrape
+source; the fixtures under ``tests/diagnostics/fixtures/`` are recorded or rebuilt pages) and turns a scrape
 into a ``ServerState``: KV usage as a fraction and, where the server exposes its pool size, in
 blocks or tokens; running and waiting requests; prefix-cache queries and hits.
 

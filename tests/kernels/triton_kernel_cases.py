@@ -4,7 +4,7 @@ Not collected on its own (the name does not start with ``test_``): Triton decide
 kernel is interpreted when the kernel, and Triton's own library, are first decorated, i.e.
 when ``triton`` is first imported, and other tests import it early (transformers does). So
 ``test_triton_kernels.py`` runs this file in a fresh pytest process with TRITON_INTERPRET=1
-on machines without a GPU; on a GPU ``pytest tests/triton_kernel_cases.py`` runs the compiled
+on machines without a GPU; on a GPU ``pytest tests/kernels/triton_kernel_cases.py`` runs the compiled
 kernels (``benchmarks/gpu_check.sh`` does that).
 
 Every test draws fresh random inputs (the seed is in the failure message), poisons the
@@ -26,7 +26,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 if not INTERPRET and not torch.cuda.is_available():
     if "triton" in sys.modules:
         raise RuntimeError("without a GPU, run this file with TRITON_INTERPRET=1 in the environment "
-                           "(as tests/test_triton_kernels.py does)")
+                           "(as tests/kernels/test_triton_kernels.py does)")
     os.environ["TRITON_INTERPRET"] = "1"
     INTERPRET = True
 

@@ -25,7 +25,7 @@ def test_triton_kernels_match_torch_reference():
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-                          cwd=CASES.parent.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
+                          cwd=CASES.parents[2], env=env, capture_output=True, text=True, timeout=600, check=False)
     summary = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
     assert proc.returncode == 0, f"kernel tests failed ({summary[0]}):\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}"
     assert " passed" in summary[0] and "failed" not in summary[0]
