@@ -51,7 +51,7 @@ class EngineRequest:
         return self.origin.request_id
 
 
-class RequestGroup:
+class RequestStreamGroup:
     """The streams of requests added together (one HTTP request: one engine request per
     prompt; the n choices of a prompt are sequences of its one request, sharing its blocks).
 
@@ -110,7 +110,7 @@ class RequestGroup:
 
 @dataclass
 class _Live:
-    group: RequestGroup
+    group: RequestStreamGroup
     request: EngineRequest
     last: RequestOutput | None = None
 
@@ -179,7 +179,7 @@ class AsyncLLMEngine:
             logger.error("engine loop did not stop within %.0f s", timeout)
 
     # ---- requests (event loop side) ---------------------------------------------------------
-    async def add_requests(self, requests: list[EngineRequest]) -> RequestGroup:
+    async def add_requests(self, requests: list[EngineRequest]) -> RequestStreamGroup:
         """Add requests atomically; returns their group once the engine has queued them all.
 
         Raises:
@@ -188,7 +188,7 @@ class AsyncLLMEngine:
         """
         if not self._accepting or not self.is_running:
             raise EngineNotRunningError("the engine is not accepting requests (shutting down)")
-        group = RequestGroup(self, [r.request_id for r in requests])
+        group = RequestStreamGroup(self, [r.request_id for r in requests])
         done = self._loop.create_future()
         self._commands.put(("add", (group, requests, done)))
         try:
@@ -278,7 +278,7 @@ class AsyncLLMEngine:
             self._abort_all()
         return stop
 
-    def _add(self, group: RequestGroup, requests: list[EngineRequest], done: asyncio.Future) -> None:
+    def _add(self, group: RequestStreamGroup, requests: list[EngineRequest], done: asyncio.Future) -> None:
         added: list[str] = []
         try:
             for r in requests:

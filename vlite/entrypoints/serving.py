@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from vlite.engine.async_engine import EngineNotRunningError, EngineRequest, RequestGroup
+from vlite.engine.async_engine import EngineNotRunningError, EngineRequest, RequestStreamGroup
 from vlite.engine.llm_engine import RequestRejectedError
 from vlite.engine.outputs import CompletionOutput, RequestOutput
 from vlite.engine.sampling_params import SamplingParams
@@ -226,7 +226,7 @@ def check_n(n: int) -> None:
         raise APIError(400, f"n must be an integer >= 1, got {n}", param="n")
 
 
-async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> RequestGroup:
+async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> RequestStreamGroup:
     """Queue the engine requests of one HTTP request; 400 if the engine rejects one, 503 if stopping."""
     try:
         return await state.engine.add_requests(requests)
@@ -239,7 +239,7 @@ async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> Re
         raise APIError(503, str(exc), code="service_unavailable") from None
 
 
-async def collect_final(group: RequestGroup) -> list[RequestOutput]:
+async def collect_final(group: RequestStreamGroup) -> list[RequestOutput]:
     """Wait for every request of ``group`` (one per prompt) to finish; their final outputs in
     prompt order, each with its choices in ``outputs``.
 
@@ -315,7 +315,7 @@ class GroupStreamer:
     loop failed the request.
     """
 
-    def __init__(self, group: RequestGroup, n: int) -> None:
+    def __init__(self, group: RequestStreamGroup, n: int) -> None:
         self.group = group
         self.streamers = [[ChoiceStreamer() for _ in range(n)] for _ in group.request_ids]
         self.tokens = [[0] * n for _ in group.request_ids]
@@ -366,7 +366,7 @@ class AbortOnCloseStreamingResponse(StreamingResponse):
     suspended, so the abort is done here, where every exit path passes.
     """
 
-    def __init__(self, content: AsyncIterator[str], group: RequestGroup) -> None:
+    def __init__(self, content: AsyncIterator[str], group: RequestStreamGroup) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.group = group
@@ -483,7 +483,7 @@ class OpenAIServing(ABC):
                                   usage=usage_info(prompt_tokens, completion_tokens))
         return JSONResponse(body.model_dump(mode="json"))
 
-    async def _stream(self, group: RequestGroup, prompt_tokens: int) -> AsyncIterator[str]:
+    async def _stream(self, group: RequestStreamGroup, prompt_tokens: int) -> AsyncIterator[str]:
         """SSE chunks, one choice per chunk; a choice's last chunk carries its finish_reason.
         Beam search choices arrive whole in one chunk at the end."""
         for choice in self.opening_choices():
