@@ -31,9 +31,7 @@ import random
 from vlite.diagnostics.actions import ClientAction, plan_action
 from vlite.diagnostics.workload import (
     RequestSpec,
-    WorkloadError,
-    _check_range,
-    arrival_offsets,
+    seeded_arrivals,
     shared_prefix,
     synthetic_prompt,
 )
@@ -66,12 +64,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         WorkloadError: a bad count, length range or rate.
         ValueError: a bad abort rate or mode.
     """
-    if num_requests < 1:
-        raise WorkloadError(f"num requests must be >= 1, got {num_requests}")
-    _check_range("input length", *input_len)
-    _check_range("output length", *output_len)
-    rng = random.Random(seed)
-    arrivals = arrival_offsets(rng, num_requests, request_rate)
+    rng, arrivals = seeded_arrivals(num_requests, input_len, output_len, request_rate, seed)
     names, weights = list(KINDS), list(KINDS.values())
     specs = []
     for i, t in enumerate(arrivals):

@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from urllib.parse import urlparse
 
 import httpx
-import psutil
 
 from vlite.diagnostics import snapshot
 from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.detect import detect
 from vlite.diagnostics.run import RunResult
 from vlite.diagnostics.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.targets.process import listening_pid
 from vlite.diagnostics.workload import RequestSpec
 
 IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
@@ -53,18 +52,6 @@ def metrics_block_stats(base: str, client: httpx.Client):
                 "num_used_blocks": total - free - cached, "num_running": int(m.get("vlite:num_requests_running", 0)),
                 "num_waiting": int(m.get("vlite:num_requests_waiting", 0))}
     return read
-
-
-def server_pid(base: str) -> int | None:
-    """The pid of the local process listening on the URL's port, if it can be seen (else None)."""
-    port = urlparse(base).port
-    try:
-        for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-                return c.pid
-    except (psutil.Error, OSError):
-        pass
-    return None
 
 
 def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
@@ -305,7 +292,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     if needs_calibration(specs):
         specs = calibrate(specs, http_greedy(base, sync))
     coverage_before = coverage.from_metrics_text(sync.get(f"{base}/metrics").text)
-    pid = server_pid(base)
+    pid = listening_pid(base)
     memory = MemoryProbe(pid=pid)
     sampler = Sampler(source, memory, sample_interval_s).start()
 

@@ -97,6 +97,22 @@ def _check_range(name: str, lo: int, hi: int) -> None:
         raise WorkloadError(f"{name} range must be 1 <= min <= max, got {lo}..{hi}")
 
 
+def seeded_arrivals(num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                    request_rate: float, seed: int) -> tuple[random.Random, list[float]]:
+    """Check a generated workload's count and length ranges (tokens), then return its seeded
+    random source and the arrival offsets (seconds) of its requests.
+
+    Raises:
+        WorkloadError: a bad count, length range or rate.
+    """
+    if num_requests < 1:
+        raise WorkloadError(f"num requests must be >= 1, got {num_requests}")
+    _check_range("input length", *input_len)
+    _check_range("output length", *output_len)
+    rng = random.Random(seed)
+    return rng, arrival_offsets(rng, num_requests, request_rate)
+
+
 def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                        output_len: tuple[int, int] = (8, 48), request_rate: float = float("inf"),
                        abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
@@ -108,12 +124,7 @@ def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         WorkloadError: a bad count, length range or rate.
         ValueError: a bad abort rate or mode.
     """
-    if num_requests < 1:
-        raise WorkloadError(f"num requests must be >= 1, got {num_requests}")
-    _check_range("input length", *input_len)
-    _check_range("output length", *output_len)
-    rng = random.Random(seed)
-    arrivals = arrival_offsets(rng, num_requests, request_rate)
+    rng, arrivals = seeded_arrivals(num_requests, input_len, output_len, request_rate, seed)
     specs = []
     for i, t in enumerate(arrivals):
         n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
