@@ -87,39 +87,38 @@ MUTANTS = [
            "        elif seq.num_output_tokens == 0:\n            self.block_manager.block_tables.pop(seq.seq_id, None)\n"
            "        else:\n            self.block_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED"),
     Mutant("stop-string-no-free", "finish (stop string)", "a stop-string finish skips the release",
-           "engine/scheduler.py", "        self.block_manager.free(seq)\n        live = self.requests[seq.request_id]",
-           "        if not isinstance(stop_reason, str):\n            self.block_manager.free(seq)\n"
-           "        live = self.requests[seq.request_id]"),
+           "engine/scheduler.py", "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not isinstance(stop_reason, str):\n                self.block_manager.free(seq)\n"
+           "            req = self.requests[seq.request_id]"),
     Mutant("eos-no-free", "finish (EOS)", "an EOS finish skips the release", "engine/scheduler.py",
-           "        self.block_manager.free(seq)\n        live = self.requests[seq.request_id]",
-           "        if not (reason is FinishReason.STOP and stop_reason is None and seq.output_token_ids\n"
-           "                and seq.output_token_ids[-1] in seq.eos_token_ids):\n            self.block_manager.free(seq)\n"
-           "        live = self.requests[seq.request_id]"),
+           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not (reason is FinishReason.STOP and stop_reason is None and seq.output_token_ids\n"
+           "                    and seq.output_token_ids[-1] in seq.eos_token_ids):\n                self.block_manager.free(seq)\n"
+           "            req = self.requests[seq.request_id]"),
     Mutant("stop-token-keeps-entry", "finish (stop token)", "a stop-token finish keeps the request's entry",
-           "engine/scheduler.py", "        live.remove(seq)\n        if not live:",
-           "        if isinstance(stop_reason, int):\n            return\n        live.remove(seq)\n        if not live:"),
+           "engine/scheduler.py", "            req.live.remove(seq)\n            if not req.live:",
+           "            if isinstance(stop_reason, int):\n                return\n            req.live.remove(seq)\n"
+           "            if not req.live:"),
     Mutant("beam-prune-not-finished", "beam search", "a pruned beam is dropped from the search but never finished",
-           "engine/llm_engine.py", "                self._finish(parent, FinishReason.STOP, kind=\"stop:beam_pruned\")",
+           "engine/scheduler.py",
+           "                self.finish_sequence(parent, FinishReason.STOP, kind=\"stop:beam_pruned\")  # pruned",
            "                pass"),
     Mutant("abort-prefill-drops-table", "abort (prefill)",
            "aborting a sequence still in its prefill drops the table without a free", "engine/scheduler.py",
-           "        self.block_manager.free(seq)\n        live = self.requests[seq.request_id]",
-           "        if reason is FinishReason.ABORT and seq.in_prefill and not seq.output_token_ids:\n"
-           "            self.block_manager.block_tables.pop(seq.seq_id, None)\n        else:\n"
-           "            self.block_manager.free(seq)\n        live = self.requests[seq.request_id]"),
+           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if reason is FinishReason.ABORT and seq.in_prefill and not seq.output_token_ids:\n"
+           "                self.block_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
+           "                self.block_manager.free(seq)\n            req = self.requests[seq.request_id]"),
     Mutant("abort-resumed-no-free", "abort (after preemption)",
            "aborting a resumed sequence (preempted, then running again) skips the release", "engine/scheduler.py",
-           "        self.block_manager.free(seq)\n        live = self.requests[seq.request_id]",
-           "        if not (reason is FinishReason.ABORT and seq.num_preemptions and seq.num_computed_tokens):\n"
-           "            self.block_manager.free(seq)\n        live = self.requests[seq.request_id]"),
+           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not (reason is FinishReason.ABORT and seq.num_preemptions and seq.num_computed_tokens):\n"
+           "                self.block_manager.free(seq)\n            req = self.requests[seq.request_id]"),
     Mutant("abort-first-sample-only", "abort (n > 1)",
            "abort() ends only the request's first sequence; its other samples decode on (zombies)",
-           "engine/llm_engine.py",
-           "        try:\n            self.scheduler.abort(request_id)\n        finally:\n            for seq in seqs:\n"
-           "                self._record_finish(seq)\n            self._groups.pop(request_id, None)\n",
-           "        try:\n            self.scheduler.finish_sequence(seqs[0], FinishReason.ABORT)\n        finally:\n"
-           "            self._record_finish(seqs[0])\n            if request_id not in self.scheduler.requests:\n"
-           "                self._groups.pop(request_id, None)\n"),
+           "engine/scheduler.py",
+           "        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)\n",
+           "        for seq in seqs[:1]:\n"),
 ]
 
 

@@ -10,10 +10,11 @@ sample from another thread (they are ``len()`` reads).
 Registries (per-request state that must be empty once the engine is idle):
 
 =========================  ==================================================================
-``scheduler.requests``     live sequences by request id
+``scheduler.requests``     live ``Request`` objects by request id
 ``scheduler.waiting``      waiting (and preempted) sequences
 ``scheduler.running``      running sequences
-``engine.groups``          per-request groups (samples, beam state, reported tokens)
+``engine.groups``          live sequences of all live requests (``Request.live``; the name
+                           is kept from the old per-request group map, for the columns)
 ``block_tables``           block tables by sequence id
 ``prefix_hash_progress``   full blocks already hashed, by sequence id (prefix caching)
 ``pending_copies``         copy-on-write copies not yet applied
@@ -23,26 +24,31 @@ Registries (per-request state that must be empty once the engine is idle):
 =========================  ==================================================================
 
 Bounded, documented histories (allowed to be non-empty at idle, never above their bound):
-``engine.records`` and ``engine.finished_order`` (``EngineConfig.finished_history`` finished
-sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
+``engine.records`` (the ``RequestRecord`` of every live sequence plus the finished history)
+and ``engine.finished_order`` (``Scheduler.finished_records``: ``EngineConfig.finished_history``
+finished sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
 references), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
 ``num_cached_blocks``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.block_manager import ReleaseRecord
+from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.metrics import EngineStats
+from vlite.engine.request import RequestRecord
+from vlite.engine.sequence import RequestOrigin, Sequence
 
 # Registry name -> what it holds; empty at idle.
 REGISTRIES: dict[str, str] = {
-    "scheduler.requests": "live sequences by request id",
+    "scheduler.requests": "live Request objects by request id",
     "scheduler.waiting": "waiting and preempted sequences",
     "scheduler.running": "running sequences",
-    "engine.groups": "per-request groups (samples, beam state)",
+    "engine.groups": "live sequences of the live requests (Request.live)",
     "block_tables": "block tables by sequence id",
     "prefix_hash_progress": "hashed full blocks by sequence id (prefix caching)",
     "pending_copies": "copy-on-write copies not applied yet",
@@ -92,6 +98,22 @@ class Coverage:
                 "abort_states": dict(self.abort_states), "preemptions": self.preemptions,
                 "resumptions": self.resumptions, "prefix_hit_tokens": self.prefix_hit_tokens, "forks": self.forks,
                 "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes}
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """A block reference still held, joined with its owner's origin and final state
+    (``age_s``: seconds since it was taken; ``step``: the engine step that took it)."""
+
+    block_id: int
+    seq_id: int
+    request_id: str
+    site: str
+    step: int
+    age_s: float
+    origin: RequestOrigin | None
+    status: str | None
+    finish_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -146,7 +168,8 @@ class EngineView:
         e = self._engine
         sched, bm = e.scheduler, e.block_manager
         sizes = {"scheduler.requests": len(sched.requests), "scheduler.waiting": len(sched.waiting),
-                 "scheduler.running": len(sched.running), "engine.groups": len(e._groups),
+                 "scheduler.running": len(sched.running),
+                 "engine.groups": sum(len(r) for r in list(sched.requests.values())),
                  "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
                  "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger)}
         if self._async is not None:
@@ -157,21 +180,26 @@ class EngineView:
         """Sizes and bounds of the bounded histories (allowed to be non-empty at idle)."""
         e = self._engine
         bm = e.block_manager
-        keep = e.config.finished_history
-        live = sum(len(s) for s in e.scheduler.requests.values())
-        return {"engine.records": HistorySize(len(e._records), keep + live),
-                "engine.finished_order": HistorySize(len(e._finished_order), keep),
+        sched = e.scheduler
+        keep = sched.finished_history
+        reqs = list(sched.requests.values())
+        live = sum(len(r) for r in reqs)
+        # records of live requests not yet in the finished history, plus that history
+        num_records = len(sched.finished_records) + sum(
+            sum(1 for sid in r.records if sid not in sched.finished_records) for r in reqs)
+        return {"engine.records": HistorySize(num_records, keep + live),
+                "engine.finished_order": HistorySize(len(sched.finished_records), keep),
                 "ledger.released": HistorySize(len(bm.ledger.released), bm.ledger.released.maxlen or 0),
                 "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
 
     def coverage(self) -> Coverage:
         """The coverage counters since the engine started (counts; see ``Coverage``)."""
         e = self._engine
-        bm = e.block_manager
-        return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(e.finish_counts)),
-                        MappingProxyType(dict(e.abort_states)), e.scheduler.num_preemptions_total,
-                        e.scheduler.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
-                        e.num_beam_prunes)
+        bm, sched = e.block_manager, e.scheduler
+        return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(sched.finish_counts)),
+                        MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
+                        sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
+                        sched.num_beam_prunes)
 
     def snapshot(self) -> EngineSnapshot:
         """Registries, histories and coverage in one frozen object."""
@@ -189,7 +217,7 @@ class EngineView:
         """Per request (live or remembered): finish state, last release (time, step), tokens."""
         e = self._engine
         by_req: dict[str, list] = {}
-        for rec in list(e._records.values()):
+        for rec in self._all_records():
             rid = rec.origin.request_id
             if request_ids is None or rid in request_ids:
                 by_req.setdefault(rid, []).append(rec)
@@ -222,3 +250,91 @@ class EngineView:
         bm = self._engine.block_manager
         return [{"block_id": b.block_id, "ref_count": b.ref_count} for b in bm.blocks
                 if b.block_id not in bm.free_block_queue or b.ref_count != 0]
+
+    # ---- the engine's read-only methods (LLMEngine delegates here) ------------------------
+    def _all_records(self) -> list[RequestRecord]:
+        sched = self._engine.scheduler
+        recs = {sid: r for req in list(sched.requests.values()) for sid, r in req.records.items()}
+        recs.update(sched.finished_records)
+        return list(recs.values())
+
+    def _live_sequences(self) -> dict[int, Sequence]:
+        return {s.seq_id: s for req in list(self._engine.scheduler.requests.values()) for s in req.live}
+
+    def stats(self) -> EngineStats:
+        """Counters and gauges for ``/metrics`` and the logs (see ``EngineStats``)."""
+        e = self._engine
+        sched = e.scheduler
+        return EngineStats(step=sched.step_counter, num_running=sched.num_running, num_waiting=sched.num_waiting,
+                           num_preemptions_total=sched.num_preemptions_total,
+                           prompt_tokens_total=sched.prompt_tokens_total,
+                           generation_tokens_total=sched.generation_tokens_total,
+                           num_live_requests=len(sched.requests), blocks=e.block_manager.stats(),
+                           coverage=self.coverage())
+
+    def ledger(self) -> list[LedgerRecord]:
+        """Every block reference still held, with its owner's origin and current (or final)
+        status (oldest first)."""
+        e = self._engine
+        now = time.time()
+        live = self._live_sequences()
+        out = []
+        for entry in e.block_manager.ledger.held():
+            rec = e.scheduler.request_record(entry.seq_id)
+            seq = live.get(entry.seq_id)
+            status = seq.status.value if seq else (rec.status if rec else None)
+            out.append(LedgerRecord(entry.block_id, entry.seq_id, entry.request_id, entry.site.value, entry.step,
+                                    now - entry.time, rec.origin if rec else None, status,
+                                    rec.finish_reason if rec else None))
+        return out
+
+    def ledger_anomalies(self) -> list[LedgerAnomaly]:
+        """Anomalies the allocation ledger saw (double frees, frees of unowned blocks, ...)."""
+        return self._engine.block_manager.ledger.anomalies()
+
+    def sequences_view(self) -> list[dict]:
+        """Every live sequence (all samples and beams of every request): ids, index, status,
+        token counts (tokens) and block table. A read-only copy."""
+        tables = self._engine.block_manager.block_tables
+        return [{"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "status": s.status.value,
+                 "parent_seq_id": s.parent_seq_id, "num_prompt_tokens": s.num_prompt_tokens,
+                 "num_computed_tokens": s.num_computed_tokens, "num_output_tokens": s.num_output_tokens,
+                 "num_preemptions": s.num_preemptions, "block_table": list(tables.get(s.seq_id, ())),
+                 "origin": s.origin}
+                for s in self._live_sequences().values()]
+
+    def live_state(self) -> dict[str, list]:
+        """Per-request CPU-side state, for leak checks: ids of live requests and block tables,
+        and which block tables belong to sequences that already finished."""
+        sched = self._engine.scheduler
+        live_seq_ids = set(self._live_sequences())
+        tables = list(self._engine.block_manager.block_tables)
+        return {"live_request_ids": list(sched.requests), "block_table_seq_ids": tables,
+                "orphan_block_tables": [sid for sid in tables if sid not in live_seq_ids],
+                "finished_live_requests": [rid for rid, req in sched.requests.items()
+                                           if any(s.is_finished for s in req)]}
+
+    def block_tables(self) -> dict[int, list[int]]:
+        """Block tables (physical block ids) by sequence id, copied."""
+        return {sid: list(t) for sid, t in self._engine.block_manager.block_tables.items()}
+
+    def ref_counts(self) -> list[int]:
+        """Reference count of every block, by block id."""
+        return self._engine.block_manager.ref_counts()
+
+    def request_progress(self, request_id: str) -> dict[str, int | str] | None:
+        """Where a live request is, for clients that inject aborts at a given phase.
+
+        Returns None if no live request has that id; else ``status`` (waiting | running |
+        preempted | finished), ``seq_id``, and token counts ``num_prompt_tokens``,
+        ``num_computed_tokens`` (K/V in the cache), ``num_output_tokens``, plus
+        ``num_preemptions`` and ``num_blocks`` (blocks in its block table).
+        """
+        req = self._engine.scheduler.requests.get(request_id)
+        if not req:
+            return None
+        seq = req[0]
+        return {"status": seq.status.value, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens,
+                "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
+                "num_preemptions": seq.num_preemptions,
+                "num_blocks": len(self._engine.block_manager.get_block_table(seq.seq_id))}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from vlite.engine.block_manager import BlockStats
+if TYPE_CHECKING:  # a type only: metrics never touches the block manager
+    from vlite.engine.block_manager import BlockStats
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,33 @@ sequence cannot get a block, the most recently arrived running sequence is preem
 blocks are freed and it goes back to the front of the waiting queue to be recomputed
 (vLLM's recompute preemption; see vLLM docs, "Preemption").
 
-Every way a sequence ends goes through ``finish_sequence``, the one free path.
+After the runner has run a step, ``update_from_output`` does the bookkeeping (vLLM v1's
+``Scheduler.update_from_output``): advance computed tokens, cache full blocks, append the
+sampled tokens, check stops, fork parallel samples and beams, finish. Every way a sequence
+ends goes through ``finish_sequence``, the one free path, which also writes the sequence's
+final ``RequestRecord`` (kept in a bounded history for leak attribution).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
 
 from vlite.engine.block_manager import AllocationSite, BlockManager
 from vlite.engine.config import SchedulerConfig
+from vlite.engine.detokenizer import find_stop_string
 from vlite.engine.faults import FaultSet, PlantedFault
+from vlite.engine.request import Request, RequestRecord
+from vlite.engine.sampler import sample
 from vlite.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from vlite.engine.model_runner import StepResult
 
 
 @dataclass
@@ -34,11 +48,18 @@ class ScheduledSequence:
 
 @dataclass
 class SchedulerOutput:
-    """What one step runs. ``scheduled`` lists decodes first, then prefill chunks."""
+    """What one step runs, everything the runner needs. ``scheduled`` lists decodes first,
+    then prefill chunks; ``block_tables`` maps each scheduled sequence id to its block table
+    (physical block ids); ``blocks_to_copy`` lists copy-on-write (src, dst) block pairs to
+    apply before the forward; ``keep_logits`` asks the runner for the raw logits of the
+    sampled rows (to fork n samples or rank beams)."""
 
     step: int
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    block_tables: dict[int, list[int]] = field(default_factory=dict)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    keep_logits: bool = False
 
     @property
     def num_batched_tokens(self) -> int:
@@ -50,31 +71,71 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Owns the waiting and running queues and decides each step's batch."""
+    """Owns a request's life: the waiting and running queues, each step's batch, the
+    bookkeeping after the forward, and every finish.
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, faults: FaultSet | None = None):
+    Args:
+        config: token budget, ``max_num_seqs``; ``max_model_len`` (tokens) ends a sequence
+            with finish reason "length" (``max_model_len`` argument overrides the config's).
+        block_manager: the KV-cache block manager (only the scheduler talks to it).
+        faults: planted faults for the leak checker's self-test.
+        generator: the runner's sampling generator (samples the first token of forked children).
+        detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
+            returns the new text (the output processor's); None = no stop strings checked.
+        finished_history: finished sequences whose records are kept for attribution.
+    """
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, faults: FaultSet | None = None, *,
+                 max_model_len: int | None = None, generator: torch.Generator | None = None,
+                 detokenize: Callable[[Sequence], str] | None = None, finished_history: int = 10_000):
         self.config = config
         self.block_manager = block_manager
         self.faults = faults or FaultSet()
+        self.max_model_len = max_model_len or config.max_model_len or 1 << 62
+        self.generator = generator
+        self.detokenize = detokenize
+        self.finished_history = finished_history
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.requests: dict[str, list[Sequence]] = {}  # live sequences by request id
+        self.requests: dict[str, Request] = {}  # live requests by request id
+        self.finished_records: OrderedDict[int, RequestRecord] = OrderedDict()  # by seq id, oldest first
         self.step_counter = 0
         self.num_preemptions_total = 0
         self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
+        self.prompt_tokens_total = 0  # prefill tokens computed (tokens)
+        self.generation_tokens_total = 0  # output tokens appended (tokens)
+        # Coverage counters: sequences finished by kind ("stop:eos", "stop:stop_token",
+        # "stop:stop_string", "stop:beam_pruned", "length", "abort", "error"), aborted
+        # sequences by the state they were in, beams pruned.
+        self.finish_counts: Counter[str] = Counter()
+        self.abort_states: Counter[str] = Counter()
+        self.num_beam_prunes = 0
 
     # ---- queue management ----------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (its first sequence waits).
+
+        Raises:
+            ValueError: a live request already has that id.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use by a live request")
+        self.requests[request.request_id] = request
+        self.waiting.extend(request.live)
+
     def add_sequence(self, seq: Sequence) -> None:
-        """Queue a new request's first sequence."""
-        if seq.request_id in self.requests:
-            raise ValueError(f"request id {seq.request_id!r} is already in use by a live request")
-        self.requests[seq.request_id] = [seq]
-        self.waiting.append(seq)
+        """Queue a new request made of one sequence (no beam search)."""
+        self.add_request(Request.of(seq))
 
     def add_forked(self, child: Sequence) -> None:
         """Add a sequence forked from a running one (it already shares the parent's blocks)."""
-        self.requests[child.request_id].append(child)
+        self.requests[child.request_id].add_sequence(child)
         self.running.append(child)
+
+    def num_blocks_for(self, num_tokens: int, width: int = 1) -> tuple[int, int]:
+        """(blocks ``width`` sequences of ``num_tokens`` tokens need, blocks in the whole cache)."""
+        bm = self.block_manager
+        return width * bm.num_required_blocks(num_tokens), bm.num_total_blocks
 
     @property
     def num_running(self) -> int:
@@ -150,6 +211,11 @@ class Scheduler:
             order = {rid: i for i, rid in enumerate(dict.fromkeys(s.request_id for s in self.waiting))}
             self.waiting = deque(sorted(self.waiting, key=lambda s: order[s.request_id]))
         out.scheduled = decodes + prefills
+        tables = self.block_manager.block_tables
+        out.block_tables = {item.seq.seq_id: tables[item.seq.seq_id] for item in out.scheduled}
+        out.blocks_to_copy = self.block_manager.take_pending_copies()
+        out.keep_logits = any(self.requests[item.seq.request_id].needs_logits
+                              for item in out.scheduled if item.sample)
         return out
 
     def _preempt(self, seq: Sequence) -> None:
@@ -162,12 +228,126 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions_total += 1
+        rec = self._record_of(seq)
+        if rec is not None:
+            rec.status, rec.num_preemptions = seq.status.value, seq.num_preemptions
         self.waiting.appendleft(seq)
+
+    # ---- after the forward -----------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, result: StepResult) -> list[Request]:
+        """Book one executed step: advance computed tokens (tokens), cache the full blocks,
+        append the sampled tokens, check stops, fork n samples after the prompt, advance beam
+        searches, finish. Returns the requests that advanced or ended (output order)."""
+        now = time.time()
+        for item in sched.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            if seq.num_output_tokens == 0:
+                self.prompt_tokens_total += item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq)
+        touched: dict[str, Request] = {}
+        sampled = result.sampler_output
+        for row, seq in enumerate(result.sampled_seqs):
+            req = touched.get(seq.request_id) or self.requests[seq.request_id]
+            touched[req.request_id] = req
+            if req.beam is not None:
+                req.beam.pending[seq.seq_id] = result.logits[row]
+                continue
+            if req.params.n > 1 and len(req.seqs) == 1:
+                self._fork_samples(req, seq, result.logits[row], now)
+            self._append_token(seq, sampled.token_ids[row], sampled.logprobs[row], now)
+        for req in touched.values():
+            if req.beam is not None and req.beam.ready:
+                self._beam_step(req, now)
+        return list(touched.values())
+
+    def fail(self, sched: SchedulerOutput, seq_ids: Iterable[int] | None, error: str) -> list[Request]:
+        """End whole requests with finish reason "error" (every sequence of them): those of
+        ``seq_ids``, or of every scheduled sequence when None. Returns those requests."""
+        failed = None if seq_ids is None else set(seq_ids)
+        reqs: dict[str, Request] = {}
+        for item in sched.scheduled:
+            if failed is None or item.seq.seq_id in failed:
+                reqs.setdefault(item.seq.request_id, self.requests[item.seq.request_id])
+        for req in reqs.values():
+            for seq in list(req.live):
+                self.finish_sequence(seq, FinishReason.ERROR, error=error)
+            if req.beam is not None:
+                req.beam.done = True
+        return list(reqs.values())
+
+    def _fork_samples(self, req: Request, parent: Sequence, logits: torch.Tensor, now: float) -> None:
+        """Parallel sampling: after the prompt, fork n - 1 children that share its blocks, and
+        sample each child's first token from the same logits."""
+        children = [parent.fork(i) for i in range(1, req.params.n)]
+        for child in children:
+            self.block_manager.fork(parent, child)
+            self.add_forked(child)
+        first = sample(logits.expand(len(children), -1).clone(), children, self.generator)
+        for child, token, logprobs in zip(children, first.token_ids, first.logprobs):
+            self._append_token(child, token, logprobs, now)
+
+    def _beam_step(self, req: Request, now: float) -> None:
+        """Advance a beam search: fork beams chosen more than once, prune beams not chosen."""
+        beam = req.beam
+        continuations = beam.step()
+        by_parent: dict[int, list] = {}
+        for c in continuations:
+            by_parent.setdefault(c.parent.seq_id, []).append(c)
+        next_running: list[Sequence] = []
+        for parent in beam.running:
+            conts = by_parent.get(parent.seq_id, [])
+            extra = []
+            for c in conts[1:]:  # fork before the parent takes its own token
+                child = parent.fork(req.next_index())
+                self.block_manager.fork(parent, child)
+                self.add_forked(child)
+                extra.append((child, c))
+            for seq, c in ([(parent, conts[0])] if conts else []) + extra:
+                seq.output_token_ids.append(c.token)
+                seq.cumulative_logprob = c.cumulative_logprob
+                seq.last_token_time = now
+                seq.first_token_time = seq.first_token_time or now
+                next_running.append(seq)
+                self.generation_tokens_total += 1
+        for parent in beam.running:
+            if parent.seq_id not in by_parent:
+                self.num_beam_prunes += 1
+                self.finish_sequence(parent, FinishReason.STOP, kind="stop:beam_pruned")  # pruned
+        beam.running = next_running
+        if beam.done:
+            for seq in next_running:
+                self.finish_sequence(seq, FinishReason.LENGTH)
+            beam.running = []
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
+        """Append one sampled token, detokenize, and finish on a stop token, EOS, stop string
+        or length (max_tokens or max_model_len), in that order (min_tokens first)."""
+        seq.output_token_ids.append(token)
+        if logprobs is not None:
+            seq.output_logprobs.append(logprobs)
+        self.generation_tokens_total += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        new_text = self.detokenize(seq) if self.detokenize is not None else ""
+        p = seq.sampling_params
+        done = seq.num_output_tokens >= p.min_tokens
+        if done and token in p.stop_token_ids:
+            self.finish_sequence(seq, FinishReason.STOP, stop_reason=token)
+        elif done and not p.ignore_eos and token in seq.eos_token_ids:
+            self.finish_sequence(seq, FinishReason.STOP)
+        elif (stop := find_stop_string(seq, len(new_text)) if done and self.detokenize else None) is not None:
+            self.finish_sequence(seq, FinishReason.STOP, stop_reason=stop)
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self.finish_sequence(seq, FinishReason.LENGTH)
 
     # ---- the one exit path ---------------------------------------------------------------
     def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None,
-                        error: str | None = None) -> None:
-        """End ``seq`` for any reason and release its blocks (the one free path).
+                        error: str | None = None, kind: str | None = None) -> None:
+        """End ``seq`` for any reason and release its blocks (the one free path); idempotent.
+        Its record gets the final state even when the release raises. ``kind`` overrides
+        the coverage name of the finish (e.g. "stop:beam_pruned").
 
         Raises:
             PlantedFault: only with the planted ``skip-free-on-abort`` fault.
@@ -183,14 +363,48 @@ class Scheduler:
         seq.stop_reason = stop_reason
         seq.error = error
         seq.finished_time = time.time()
-        if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
-            raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
-                               "raised before its blocks were released")
-        self.block_manager.free(seq)
-        live = self.requests[seq.request_id]
-        live.remove(seq)
-        if not live:
-            del self.requests[seq.request_id]
+        rec = self._record_of(seq)  # before the request may leave ``requests``
+        try:
+            if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
+                raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
+                                   "raised before its blocks were released")
+            self.block_manager.free(seq)
+            req = self.requests[seq.request_id]
+            req.live.remove(seq)
+            if not req.live:
+                del self.requests[seq.request_id]
+        finally:
+            self.record_finish(seq, kind, rec)
+
+    def _record_of(self, seq: Sequence) -> RequestRecord | None:
+        req = self.requests.get(seq.request_id)
+        rec = req.records.get(seq.seq_id) if req is not None else None
+        return rec if rec is not None else self.finished_records.get(seq.seq_id)
+
+    def record_finish(self, seq: Sequence, kind: str | None = None, rec: RequestRecord | None = None) -> None:
+        """Copy ``seq``'s final state into its record, count the finish once, and keep the
+        record in the bounded finished history (``finished_history`` sequences)."""
+        rec = rec or self._record_of(seq)
+        if rec is None:
+            return
+        if rec.finish_reason is None and seq.finish_reason is not None:
+            self.finish_counts[kind or _finish_kind(seq)] += 1
+        rec.status = seq.status.value
+        rec.finish_reason = seq.finish_reason.value if seq.finish_reason else None
+        rec.num_output_tokens = seq.num_output_tokens
+        rec.num_preemptions = seq.num_preemptions
+        rec.finished_time = seq.finished_time
+        rec.error = seq.error
+        self.finished_records[seq.seq_id] = rec
+        while len(self.finished_records) > self.finished_history:
+            self.finished_records.popitem(last=False)
+
+    def request_record(self, seq_id: int) -> RequestRecord | None:
+        """The record of a live or recently finished sequence (None if forgotten or unknown)."""
+        rec = self.finished_records.get(seq_id)
+        if rec is None:
+            rec = next((r.records[seq_id] for r in self.requests.values() if seq_id in r.records), None)
+        return rec
 
     def abort(self, request_id: str) -> list[Sequence]:
         """Abort every live sequence of a request, in any state (waiting, mid-prefill,
@@ -201,6 +415,8 @@ class Scheduler:
             sequence of the request has been taken out of the queues.
         """
         seqs = list(self.requests.get(request_id, ()))
+        for seq in seqs:
+            self.abort_states[_abort_state(seq)] += 1
         errors = []
         for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
             try:
@@ -210,3 +426,32 @@ class Scheduler:
         if errors:
             raise errors[0]
         return seqs
+
+
+def _finish_kind(seq: Sequence) -> str:
+    """The coverage name of how ``seq`` ended: "stop:eos", "stop:stop_token", "stop:stop_string",
+    "stop" (other), "length", "abort" or "error"."""
+    reason = seq.finish_reason
+    if reason is not FinishReason.STOP:
+        return reason.value
+    if isinstance(seq.stop_reason, str):
+        return "stop:stop_string"
+    if isinstance(seq.stop_reason, int):
+        return "stop:stop_token"
+    if seq.output_token_ids and seq.output_token_ids[-1] in seq.eos_token_ids:
+        return "stop:eos"
+    return "stop"
+
+
+def _abort_state(seq: Sequence) -> str:
+    """The state an aborted sequence was in: waiting, preempted, prefill, decode, or resumed
+    (running again after a preemption)."""
+    if seq.status is SequenceStatus.WAITING:
+        return "waiting"
+    if seq.status is SequenceStatus.PREEMPTED:
+        return "preempted"
+    if seq.status is SequenceStatus.RUNNING:
+        if seq.num_preemptions:
+            return "resumed"
+        return "prefill" if seq.in_prefill and not seq.num_output_tokens else "decode"
+    return seq.status.value
