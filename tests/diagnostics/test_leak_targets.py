@@ -287,3 +287,27 @@ def test_white_box_report_directory_gets_a_single_file_html(tiny_checkpoint, tmp
     html = (out / "report.html").read_text()
     assert html.startswith("<!doctype html>") and html.count("data:image/png;base64,") == 4
     assert "CLEAN" in html and "<table>" in html
+
+
+def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
+    """A 404 health route or a URL without a scheme is an error at once; a 503 (model still
+    loading) is waited for until 200."""
+    import time
+
+    import httpx
+
+    from vlite.diagnostics.http_target import TargetError, _wait_ready
+
+    def client(*statuses):
+        answers = iter(statuses)
+        return httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(next(answers))))
+
+    start = time.time()
+    with pytest.raises(TargetError, match="not an LLM server's root URL: GET /health answered HTTP 404"):
+        _wait_ready("http://127.0.0.1:1", client(404), timeout_s=30)
+    with pytest.raises(TargetError, match="is not a server URL"):
+        _wait_ready("not-a-url", httpx.Client(), timeout_s=30)
+    assert time.time() - start < 5
+    _wait_ready("http://127.0.0.1:1", client(503, 503, 200), timeout_s=30)  # returns once ready
+    with pytest.raises(TargetError, match="is not ready: HTTP 503"):
+        _wait_ready("http://127.0.0.1:1", client(*[503] * 100), timeout_s=0.5)

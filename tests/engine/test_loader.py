@@ -88,3 +88,20 @@ def test_cache_key_follows_content_not_path(fake_gguf, tmp_path):
     assert loader.convert_gguf_cached(gguf) == loader.convert_gguf_cached(copy) and len(calls) == 1
     copy.write_bytes(b"GGUF other")
     assert loader.gguf_cache_entry(copy) != loader.gguf_cache_entry(gguf)
+
+
+def test_truncated_gguf_is_a_value_error_and_caches_nothing(tmp_path, monkeypatch):
+    """The real converter on a file with a GGUF magic and nothing after it."""
+    monkeypatch.setenv("VLITE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "trunc.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    with pytest.raises(ValueError, match="truncated or not a GGUF"):
+        loader.convert_gguf_cached(gguf)
+    entry = loader.gguf_cache_entry(gguf)
+    assert not entry.exists() and list(entry.parent.iterdir()) == []
+
+
+def test_invalid_config_json_is_a_value_error(tmp_path):
+    (tmp_path / "config.json").write_text("{bad")
+    with pytest.raises(ValueError, match="cannot read config.json"):
+        loader.load_checkpoint(str(tmp_path))

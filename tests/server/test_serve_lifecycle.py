@@ -216,3 +216,24 @@ def test_signal_aborts_in_flight_and_exits_zero(tmp_path_factory, sig):
         assert "aborting 1 request(s) in flight" in log and "engine loop stopped" in log
     finally:
         srv.stop()
+
+
+def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(tiny_model_dir, monkeypatch):
+    import socket
+
+    from typer.testing import CliRunner
+
+    import vlite.engine.llm_engine as llm_engine
+    from vlite.cli.main import app
+
+    def must_not_load(*a, **k):
+        raise AssertionError("the engine was started although the port is taken")
+
+    monkeypatch.setattr(llm_engine, "LLMEngine", must_not_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "pick another --port" in result.output

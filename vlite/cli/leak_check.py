@@ -232,7 +232,7 @@ def _finish(run, console: Console, report: Path | None) -> None:
             write_report(run, report)
         except OSError as exc:
             common.fail(f"cannot write the report to {report}: {exc}")
-        console.print(f"report written to {report}/ (report.json, samples.csv, report.md, *.png)", highlight=False)
+        console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv, *.png)", highlight=False)
 
 
 def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_bytes, max_num_seqs, max_batched, dtype,

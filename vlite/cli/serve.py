@@ -85,6 +85,7 @@ def serve(
     config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, gpu_memory_utilization,
                                         max_num_seqs, max_num_batched_tokens, max_model_len, dtype, device, seed,
                                         inject_faults=faults, enable_prefix_caching=enable_prefix_caching)
+    _check_can_listen(host, port)
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                               enable_debug_endpoints=enable_debug_endpoints,
                               max_request_body_bytes=max_request_body_bytes, log_stats=log_stats,
@@ -109,6 +110,26 @@ def serve(
     if not server.started and exit_code == 0:
         exit_code = 1  # e.g. the port was taken (uvicorn logged why)
     sys.exit(exit_code)
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Fail (exit 2) before the model loads if ``host:port`` cannot be bound (a port in use, an
+    address not on this machine). uvicorn binds only after the engine has started."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        common.fail(f"cannot listen on {host}:{port}: {exc}")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            common.fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port")
 
 
 class _Server(uvicorn.Server):

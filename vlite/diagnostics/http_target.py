@@ -255,17 +255,29 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
 
 
 def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
-    """Wait (bounded) for ``/health`` to answer 200: the server may still be loading its model."""
-    deadline, last = time.time() + timeout_s, "no answer"
+    """Wait (bounded) for ``/health`` to answer 200: the server may still be loading its model
+    (503, or a timeout). Anything that waiting cannot fix fails at once: a URL that is not
+    http(s), a 4xx other than 429 (no health route here: not an LLM server's root URL), or a
+    connection refused for more than 5 s (nothing listens there).
+
+    Raises:
+        TargetError: the server is not ready within ``timeout_s`` seconds, or cannot become ready.
+    """
+    start = time.time()
+    deadline, last = start + timeout_s, "no answer"
     while time.time() < deadline:
         try:
             r = client.get(f"{base}/health")
             if r.status_code == 200:
                 return
             last = f"HTTP {r.status_code}"
+            if 400 <= r.status_code < 500 and r.status_code != 429:
+                raise TargetError(f"{base} is not an LLM server's root URL: GET /health answered HTTP {r.status_code}")
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise TargetError(f"{base} is not a server URL ({exc}); give http://host:port") from exc
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, httpx.ConnectError) and time.time() > deadline - timeout_s + 5:
+            if isinstance(exc, httpx.ConnectError) and time.time() > start + 5:
                 break  # nothing listens there
         time.sleep(0.2)
     raise TargetError(f"{base} is not ready: {last}")

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,14 +130,23 @@ def gguf_cache_entry(gguf: Path) -> Path:
 
 
 def convert_gguf_cached(gguf: Path) -> Path:
-    """Convert a GGUF to a float32 HF directory once; later calls return the cached entry."""
+    """Convert a GGUF to a float32 HF directory once; later calls return the cached entry.
+
+    Raises:
+        ValueError: the file is truncated or not a GGUF transformers can read (nothing is cached).
+    """
     entry = gguf_cache_entry(gguf)
     if entry.is_dir() and cache_entry_is_valid(entry):
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
     try:
-        _convert_gguf(gguf, tmp)
+        try:
+            _convert_gguf(gguf, tmp)
+        except (ValueError, OSError, EOFError, KeyError, IndexError, struct.error) as exc:
+            # gguf's reader and transformers raise these on a truncated or foreign file
+            raise ValueError(f"{gguf} is truncated or not a GGUF model transformers can read "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
         _write_manifest(tmp, gguf)
         if entry.exists():
             shutil.rmtree(entry)  # corrupt or partial: rebuild
@@ -186,7 +196,8 @@ def load_checkpoint(model: str) -> LoadedCheckpoint:
 
     Raises:
         ModelNotFoundError: see ``resolve_model``.
-        ValueError: unsupported architecture, or no safetensors weights in the directory.
+        ValueError: an unreadable config.json, an unsupported architecture, no safetensors weights
+            in the directory, or a GGUF that cannot be converted.
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
@@ -194,7 +205,10 @@ def load_checkpoint(model: str) -> LoadedCheckpoint:
     from vlite.engine.models.llama import SUPPORTED_ARCHITECTURES
 
     resolved = resolve_model(model)
-    config = AutoConfig.from_pretrained(resolved.path)
+    try:
+        config = AutoConfig.from_pretrained(resolved.path)
+    except (OSError, ValueError) as exc:  # transformers: unreadable or invalid config.json
+        raise ValueError(f"{resolved.path}: cannot read config.json ({str(exc).splitlines()[0]})") from exc
     archs = list(getattr(config, "architectures", None) or [])
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ValueError(f"architecture {archs or '(none)'} is not supported; "
