@@ -201,7 +201,7 @@ class LLMEngine:
         if sched.blocks_to_copy:
             self.model_runner.copy_blocks(sched.blocks_to_copy)
         try:
-            result = self.model_runner.execute(sched, sched.block_tables, sched.keep_logits)
+            result = self.model_runner.execute(sched)
         except SequenceError as exc:
             touched = self.scheduler.fail(sched, exc.seq_ids, str(exc))
         except Exception as exc:  # a failed forward ends this batch's requests, not the engine
@@ -210,10 +210,6 @@ class LLMEngine:
         else:
             touched = self.scheduler.update_from_output(sched, result)
         return self.output_processor.process(touched)
-
-    def _record_finish(self, seq: Sequence, kind: str | None = None) -> None:
-        """Write ``seq``'s final state into its record (idempotent; see ``Scheduler.record_finish``)."""
-        self.scheduler.record_finish(seq, kind)
 
     # ---- offline batch -------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams]

@@ -151,7 +151,8 @@ class ModelRunner:
         self._allocate_kv_caches(num_blocks, block_size)  # a throwaway cache just big enough
         seq = Sequence("profile", None, [0] * tokens, SamplingParams(max_tokens=1, temperature=0),
                        RequestOrigin("profile", route="profile"))
-        self.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)]), {seq.seq_id: list(range(num_blocks))})
+        self.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)],
+                                     block_tables={seq.seq_id: list(range(num_blocks))}))
         peak = torch.cuda.max_memory_allocated(self.device)
         self.kv_caches, self.block_size = kept
         torch.cuda.empty_cache()
@@ -238,15 +239,15 @@ class ModelRunner:
             v_cache[dst] = v_cache[src]
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, block_tables: dict[int, list[int]],
-                keep_logits: bool = False) -> StepResult:
-        """Run one step: forward over all scheduled tokens, then sample where due.
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step: forward over all scheduled tokens (through ``sched.block_tables``),
+        then sample where due; with ``sched.keep_logits`` also return the raw logits of the
+        sampled rows (for forks and beams).
 
-        keep_logits: also return the raw logits of the sampled rows (for forks and beams).
         Raises:
             SequenceError: a failure tied to specific sequences.
         """
-        input_ids, positions, meta, logits_indices = self.prepare(sched, block_tables)
+        input_ids, positions, meta, logits_indices = self.prepare(sched, sched.block_tables)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(meta):
             hidden = self.cuda_graphs.run(input_ids, positions, meta)
         else:
@@ -255,7 +256,7 @@ class ModelRunner:
         if not sampled:
             return StepResult([], SamplerOutput([], []))
         logits = self.model.compute_logits(hidden[logits_indices]).cpu()
-        raw = logits.clone() if keep_logits else None
+        raw = logits.clone() if sched.keep_logits else None
         return StepResult(sampled, sample(logits, sampled, self.generator), raw)
 
 
