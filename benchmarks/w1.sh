@@ -18,8 +18,10 @@ VLITE_CPU_GEMM=torch $V bench throughput $W1 --no-progress --output-json "$OUT/w
 # 1c. vlite float32 without the C++ decode kernel (gather + SDPA in torch)
 VLITE_ATTENTION_BACKEND=torch $V bench throughput $W1 --no-progress --output-json "$OUT/w1_fp32_torch_attention.json" \
     | tee "$OUT/w1_fp32_torch_attention.txt"
-# 2. vlite bfloat16
+# 2. vlite bfloat16, and without the C++ decode kernel (bf16 decodes through gather + SDPA)
 $V bench throughput $W1 --dtype bfloat16 --no-progress --output-json "$OUT/w1_bf16.json" | tee "$OUT/w1_bf16.txt"
+VLITE_ATTENTION_BACKEND=torch $V bench throughput $W1 --dtype bfloat16 --no-progress \
+    --output-json "$OUT/w1_bf16_torch_attention.json" | tee "$OUT/w1_bf16_torch_attention.txt"
 # 3. the float32 bound (FLOPs / measured matmul rate); bf16 rate for reference
 $PY benchmarks/fp32_bound.py --json "$OUT/fp32_bound.json" | tee "$OUT/fp32_bound.txt"
 $PY benchmarks/fp32_bound.py --dtype bfloat16 --json "$OUT/bf16_bound.json" | tee "$OUT/bf16_bound.txt"
