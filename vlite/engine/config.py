@@ -64,6 +64,30 @@ class SchedulerConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split across processes (vLLM's ``ParallelConfig``).
+
+    tensor_parallel_size: ranks the model's layers are sharded over (Megatron-LM style);
+        1 runs the model in the engine's own process.
+    distributed_executor_backend: "mp" (one spawned worker process per rank, this host) or
+        "ray" (Ray actors, across hosts; needs ``pip install 'vlite[ray]'``).
+    """
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.distributed_executor_backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {DISTRIBUTED_EXECUTOR_BACKENDS}, "
+                             f"got {self.distributed_executor_backend!r}")
+
+
 @dataclass
 class EngineConfig:
     """Everything ``LLMEngine`` needs to start.
@@ -80,6 +104,7 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     inject_faults: tuple[str, ...] = ()
     # The allocation ledger is always on in production; off only to measure its cost.
     enable_ledger: bool = True
