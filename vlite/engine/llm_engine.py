@@ -18,7 +18,6 @@ import uuid
 import torch
 
 from vlite.engine.beam_search import BeamState
-from vlite.engine.block_manager import BlockManager
 from vlite.engine.config import EngineConfig
 from vlite.engine.faults import FaultSet
 from vlite.engine.introspection import EngineView, LedgerRecord
@@ -82,10 +81,8 @@ class LLMEngine:
         self.model_runner.initialize_kv_cache(num_blocks, cache.block_size,
                                               max_num_seqs=config.scheduler.max_num_seqs,
                                               enforce_eager=config.enforce_eager)
-        self.block_manager = BlockManager(num_blocks, cache.block_size, enable_ledger=config.enable_ledger,
-                                          faults=self.faults, enable_prefix_caching=cache.enable_prefix_caching)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults,
+        self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
                                    max_model_len=self.max_model_len, generator=self.model_runner.generator,
                                    detokenize=self.output_processor.detokenize,
                                    finished_history=config.finished_history)
