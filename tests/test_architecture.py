@@ -39,3 +39,38 @@ def test_only_the_scheduler_and_the_view_import_the_block_manager():
 
 def test_the_rule_scanner_sees_the_scheduler_import():  # the scanner above is not vacuous
     assert "vlite.engine.block_manager" in _imported_modules(ROOT / "engine" / "scheduler.py")
+
+
+def test_code_outside_the_engine_imports_only_vlite_engine_public_names():
+    import vlite.engine as engine
+
+    offenders = []
+    for path in _modules(ROOT):
+        if path.relative_to(ROOT).parts[0] == "engine":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                offenders += [(_rel(path), a.name) for a in node.names if a.name.startswith("vlite.engine.")]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith("vlite.engine."):
+                    offenders.append((_rel(path), node.module))
+                elif node.module == "vlite.engine":
+                    offenders += [(_rel(path), f"vlite.engine.{a.name}") for a in node.names
+                                  if a.name not in engine.__all__]
+    assert offenders == []
+
+
+def test_every_public_engine_name_resolves():
+    import vlite.engine as engine
+
+    missing = [name for name in engine.__all__ if getattr(engine, name, None) is None]
+    assert missing == []
+
+
+def test_importing_the_engine_package_and_the_cli_does_not_load_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, vlite.engine, vlite.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

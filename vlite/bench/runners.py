@@ -65,7 +65,7 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
     Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
     batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
     """
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import SamplingParams
 
     if warmup:
         engine.generate([r.prompt_token_ids[:16] for r in requests[:2]],

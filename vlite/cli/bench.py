@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 
 from vlite.cli import common
-from vlite.engine.arg_utils import EngineArgs
+from vlite.engine import EngineArgs
 
 app = typer.Typer(help="Benchmarks with vLLM's metrics (throughput, latency, serving).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -163,7 +163,7 @@ def throughput(
 
 
 def _model_dir(model: str) -> Path:
-    from vlite.engine.loader import ModelNotFoundError, resolve_model
+    from vlite.engine import ModelNotFoundError, resolve_model
 
     try:
         return resolve_model(model).path
@@ -188,7 +188,7 @@ def latency(
     import numpy as np
 
     from vlite.bench import datasets, runners
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import SamplingParams
 
     engine_args.seed = seed
     engine = _engine(engine_args)

@@ -11,8 +11,7 @@ from collections.abc import Callable
 import typer
 from rich.console import Console
 
-from vlite.engine.arg_utils import EngineArgs
-from vlite.engine.config import DEFAULT_MODEL, EngineConfig
+from vlite.engine import DEFAULT_MODEL, EngineArgs, EngineConfig
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -92,8 +91,7 @@ def create_engine_config(engine_args: EngineArgs) -> EngineConfig:
 
 def load_engine(config: EngineConfig):
     """Start an LLMEngine, turning load errors into a clear message and exit code 2."""
-    from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import ModelNotFoundError
+    from vlite.engine import LLMEngine, ModelNotFoundError
 
     try:
         with err_console.status(f"Loading {config.model} ..."):

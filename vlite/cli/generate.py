@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from vlite.cli import common
-from vlite.engine.arg_utils import EngineArgs
+from vlite.engine import EngineArgs
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -38,8 +38,7 @@ def generate(
     """Generate text for PROMPTs (or --prompts-file) with continuous batching."""
     import json
 
-    from vlite.engine.llm_engine import RequestRejectedError
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import RequestRejectedError, SamplingParams
 
     texts = list(prompts or [])
     if prompts_file is not None:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from vlite.cli import common
-from vlite.engine.arg_utils import EngineArgs
+from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
 
@@ -81,7 +81,7 @@ def leak_check(
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
     from vlite.diagnostics.actions import ABORT_MODES
-    from vlite.engine.faults import FAULTS
+    from vlite.engine import FAULTS
 
     console = common.make_console()
     inject_fault = engine_args.inject_faults
@@ -231,7 +231,7 @@ def _run_scenarios(name, console, report, engine_args: EngineArgs, interval_s, z
     from rich.table import Table
 
     from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
-    from vlite.engine.loader import ModelNotFoundError, load_checkpoint
+    from vlite.engine import ModelNotFoundError, load_checkpoint
 
     if name != "all" and name not in SCENARIOS:
         common.fail(f"unknown --scenario {name!r}; choose 'all' or one of: {', '.join(SCENARIOS)}")

@@ -17,7 +17,7 @@ import typer
 import uvicorn
 
 from vlite.cli import common
-from vlite.engine.arg_utils import EngineArgs
+from vlite.engine import EngineArgs
 from vlite.entrypoints.http_protocol import DEFAULT_HEADER_READ_TIMEOUT_S
 from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
@@ -55,8 +55,7 @@ def serve(
                                           help="uvicorn's log level (debug, info, warning, error)."),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
-    from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL_ALIASES
+    from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine
     from vlite.entrypoints.api_server import create_app
     from vlite.entrypoints.http_protocol import with_header_timeout
     from vlite.entrypoints.state import ServerSettings

@@ -63,8 +63,7 @@ def calibrate(specs: list[RequestSpec], greedy: GreedyFn) -> list[RequestSpec]:
 def engine_greedy(engine) -> GreedyFn:
     """Greedy runs on an in-process LLMEngine (chat prompts rendered as the client renders them)."""
     from vlite.diagnostics.client import render_prompt
-    from vlite.engine.sampling_params import SamplingParams
-    from vlite.engine.sequence import RequestOrigin
+    from vlite.engine import RequestOrigin, SamplingParams
 
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:
         ids_by_req: dict[str, list[int]] = {}

@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.workload import RequestSpec
-from vlite.engine.introspection import EngineView
-from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
+from vlite.engine import EngineView, RequestOrigin, SamplingParams
 
 ROUTE = "leak-check"
 
@@ -188,7 +186,7 @@ class InProcessClient:
             out.idle_points.append(IdlePoint(time.time(), completed, used, rss))
 
     def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
-        from vlite.engine.llm_engine import RequestRejectedError
+        from vlite.engine import RequestRejectedError
 
         res.arrival_time = time.time()
         origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)

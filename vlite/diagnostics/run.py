@@ -38,7 +38,7 @@ def run_in_process(engine, specs: list[RequestSpec], *, max_concurrency: int = 3
     """
     from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
     from vlite.diagnostics.registries import sizes_source
-    from vlite.engine.introspection import EngineView
+    from vlite.engine import EngineView
 
     view = EngineView(engine)
     if needs_calibration(specs):

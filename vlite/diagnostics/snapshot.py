@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 
-from vlite.engine.introspection import EngineView
+from vlite.engine import EngineView
 
 
 @dataclass
