@@ -74,3 +74,45 @@ def test_importing_the_engine_package_and_the_cli_does_not_load_torch():
     code = "import sys, vlite.engine, vlite.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def _engine_attribute_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, attribute) for every ``engine.X`` and ``self.engine.X`` in a file."""
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        v = node.value
+        if (isinstance(v, ast.Name) and v.id == "engine") or (
+                isinstance(v, ast.Attribute) and v.attr == "engine" and isinstance(v.value, ast.Name)
+                and v.value.id == "self"):
+            uses.append((node.lineno, node.attr))
+    return uses
+
+
+def test_diagnostics_touch_the_engine_only_through_the_client_protocol_and_the_view():
+    from vlite.engine.protocol import ENGINE_CLIENT_MEMBERS, EngineClient
+
+    assert ENGINE_CLIENT_MEMBERS == {n for n in dir(EngineClient) if not n.startswith("_")} | {"tokenizer"}
+    offenders, seen = [], 0
+    internals = {"scheduler", "block_manager", "model_runner", "_engine", "output_processor"}
+
+    def reaches_inside(n: ast.AST) -> bool:  # engine internals under any name (a config's .scheduler is fine)
+        return isinstance(n, ast.Attribute) and n.attr in internals and not (
+            isinstance(n.value, ast.Name) and n.value.id.endswith("config"))
+    for path in _modules(ROOT / "diagnostics"):
+        uses = _engine_attribute_uses(path)
+        seen += len(uses)
+        offenders += [f"{_rel(path)}:{line} engine.{attr}" for line, attr in uses if attr not in ENGINE_CLIENT_MEMBERS]
+        offenders += [f"{_rel(path)}:{n.lineno} .{n.attr}" for n in ast.walk(ast.parse(path.read_text()))
+                      if reaches_inside(n)]
+    assert offenders == []
+    assert seen > 5  # the scan does find the client's engine.step(), engine.add_request(), ...
+
+
+def test_the_engine_satisfies_the_client_protocol(tiny_checkpoint):
+    from conftest import make_engine
+
+    from vlite.engine import EngineClient
+
+    assert isinstance(make_engine(tiny_checkpoint, num_blocks=8, block_size=4), EngineClient)

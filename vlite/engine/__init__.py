@@ -24,6 +24,7 @@ from vlite.engine.faults import FAULTS, FaultSet
 from vlite.engine.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 from vlite.engine.metrics import BlockStats, EngineStats
 from vlite.engine.outputs import CompletionOutput, RequestOutput
+from vlite.engine.protocol import EngineClient
 from vlite.engine.sampling_params import (
     INT64_MAX,
     INT64_MIN,
@@ -39,7 +40,7 @@ from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
 
 if TYPE_CHECKING:
     from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
-    from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineView
+    from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
     from vlite.engine.llm_engine import LLMEngine, RequestRejectedError
 
 # Public name -> the module that defines it, imported on first access (these load torch).
@@ -51,6 +52,7 @@ _LAZY = {
     "EngineRequest": "vlite.engine.async_engine",
     "RequestStreamGroup": "vlite.engine.async_engine",
     "EngineView": "vlite.engine.introspection",
+    "EngineInfo": "vlite.engine.introspection",
     "REGISTRIES": "vlite.engine.introspection",
     "ASYNC_REGISTRIES": "vlite.engine.introspection",
     "HISTORIES": "vlite.engine.introspection",
@@ -81,9 +83,11 @@ __all__ = [
     "DEFAULT_MODEL_ALIASES",
     "DISTRIBUTED_EXECUTOR_BACKENDS",
     "EngineArgs",
+    "EngineClient",
     "EngineConfig",
     "EngineNotRunningError",
     "EngineRequest",
+    "EngineInfo",
     "EngineStats",
     "EngineView",
     "FAULTS",

@@ -156,12 +156,36 @@ class RequestHistory:
     num_preemptions: int
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """Fixed facts of an engine: model name, device ("cpu" | "cuda"), ``block_size`` (tokens
+    per block), ``bytes_per_block`` (bytes of K and V of one block over all layers),
+    ``num_total_blocks`` and the planted faults."""
+
+    model_name: str
+    device: str
+    block_size: int
+    bytes_per_block: int
+    num_total_blocks: int
+    inject_faults: tuple[str, ...]
+
+
 class EngineView:
     """Read-only view of an ``LLMEngine`` (and optionally the ``AsyncLLMEngine`` serving it)."""
 
     def __init__(self, engine, async_engine=None) -> None:
         self._engine = engine
         self._async = async_engine
+
+    def info(self) -> EngineInfo:
+        """The engine's fixed facts (they do not change after start)."""
+        e = self._engine
+        return EngineInfo(e.model_name, e.device.type, e.block_size, e.bytes_per_block,
+                          e.scheduler.block_manager.num_total_blocks, tuple(e.config.inject_faults))
+
+    def request_record(self, seq_id: int) -> RequestRecord | None:
+        """The record (origin, status, finish reason, counts) of a live or remembered sequence."""
+        return self._engine.scheduler.request_record(seq_id)
 
     def registries(self) -> dict[str, int]:
         """Sizes (entries) of every per-request registry; all 0 when the engine is idle."""

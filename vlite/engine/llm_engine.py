@@ -274,7 +274,7 @@ class LLMEngine:
         return EngineView(self).ledger_anomalies()
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
-        return self.scheduler.request_record(seq_id)
+        return EngineView(self).request_record(seq_id)
 
     def live_state(self) -> dict[str, list]:
         return EngineView(self).live_state()
@@ -284,6 +284,3 @@ class LLMEngine:
 
     def ref_counts(self) -> list[int]:
         return EngineView(self).ref_counts()
-
-    def request_progress(self, request_id: str) -> dict[str, int | str] | None:
-        return EngineView(self).request_progress(request_id)
