@@ -116,3 +116,13 @@ def test_the_engine_satisfies_the_client_protocol(tiny_checkpoint):
     from vlite.engine import EngineClient
 
     assert isinstance(make_engine(tiny_checkpoint, num_blocks=8, block_size=4), EngineClient)
+
+
+def test_class_names_are_unique_across_vlite():
+    where: dict[str, list[str]] = {}
+    for path in _modules(ROOT):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{_rel(path)}:{node.lineno}")
+    assert len(where) > 50  # the scan sees the code base
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}
