@@ -105,3 +105,12 @@ def test_prompt_logprobs_bounds():
         SamplingParams(prompt_logprobs=21)
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=True)
+
+
+def test_prompt_logprobs_with_beam_search(tiny_checkpoint, hf_model):
+    engine = make_engine(tiny_checkpoint, block_size=8, max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=4, temperature=0.0, beam_width=3, n=2, prompt_logprobs=1)
+    out = engine.generate([PROMPT], params)[0]
+    assert len(out.outputs) == 2
+    check_against_hf(hf_model, tiny_checkpoint.tokenizer(PROMPT).input_ids, out.prompt_logprobs, 1)
+    assert engine.stats().kv_cache_usage == 0.0

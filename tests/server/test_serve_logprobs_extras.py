@@ -86,6 +86,19 @@ def test_echo_with_logprobs_non_streaming_n2(server, http, offline):
     assert r.json()["choices"][0]["text"].startswith(tok.decode(ids))
 
 
+def test_echo_several_prompts_n2(server, http):
+    prompts = [PROMPT, "Another prompt, shorter"]
+    body = {"prompt": prompts, "max_tokens": 3, "echo": True, "logprobs": 0, "n": 2, "temperature": 0}
+    for choices in (http.post("/v1/completions", json=body).json()["choices"],
+                    [e["choices"][0] for e in stream(http, "/v1/completions", body)
+                     if e["choices"] and e["choices"][0]["text"].startswith(tuple(prompts))]):
+        assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
+        for c in choices:
+            prompt = prompts[c["index"] // 2]
+            assert c["text"].startswith(prompt)
+            assert c["logprobs"]["token_logprobs"][0] is None and c["logprobs"]["text_offset"][0] == 0
+
+
 def test_echo_streaming_equals_non_streaming(server, http):
     body = {"prompt": PROMPT, "max_tokens": 6, "echo": True, "logprobs": 2, "n": 2, "temperature": 0,
             "ignore_eos": True}
