@@ -119,25 +119,21 @@ def check_limits(state: ServerState, req: SamplingRequest, max_tokens: int, num_
     if bad:
         raise APIError(400, f"allowed_token_ids must be token ids in [0, {vocab}), got {bad[0]}",
                        param="allowed_token_ids")
-    logit_bias_ids(req, vocab)
+    check_logit_bias(req, vocab)
 
 
-def logit_bias_ids(req: SamplingRequest, vocab: int) -> dict[int, float] | None:
-    """``logit_bias`` with int keys (OpenAI sends token ids as JSON object keys, i.e. strings).
+def check_logit_bias(req: SamplingRequest, vocab: int) -> None:
+    """``logit_bias`` keys must be token ids in [0, vocab) written as decimal strings (OpenAI
+    sends them as JSON object keys); the values' range is in the schema.
 
     Raises:
-        APIError: 400 for a key that is not a decimal token id in [0, vocab).
+        APIError: 400 naming ``logit_bias`` and the first bad key.
     """
-    if not req.logit_bias:
-        return None
-    out: dict[int, float] = {}
-    for key, bias in req.logit_bias.items():
+    for key in req.logit_bias or ():
         tid = int(key) if key.isascii() and key.isdigit() and len(key) <= 12 else -1
         if not 0 <= tid < vocab:
             raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab}) written as decimal strings, "
                            f"got {key!r}", param="logit_bias")
-        out[tid] = bias
-    return out
 
 
 def max_prompt_chars(state: ServerState) -> int:

@@ -142,6 +142,8 @@ class OpenAIServingChat(OpenAIServing):
         check_limits(self.state, req, self.max_tokens or 1, max_tokens_param=max_tokens_param)
         check_chat_chars(self.state, self.plain)
         self.num_top = (req.top_logprobs or 0) if req.logprobs else None
+        self.sent_prompt_logprobs = False  # streaming: prompt_logprobs go in the first content chunk
+        self.pending_prompt_logprobs = None
 
     def render(self) -> list[RenderedPrompt]:
         return [render_chat(self.tokenizer, self.plain, self.req.add_generation_prompt)]
@@ -166,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def stream_choice(self, d: ChoiceDelta) -> ChatStreamChoice:
         c = d.choice
-        if self.req.prompt_logprobs is not None and not getattr(self, "sent_prompt_logprobs", False):
+        if self.req.prompt_logprobs is not None and not self.sent_prompt_logprobs:
             self.sent_prompt_logprobs = True  # the next chunk (this choice's) carries them
             self.pending_prompt_logprobs = prompt_logprobs_json(TokenTexts(self.tokenizer), d.out.prompt_logprobs)
         return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=d.text) if d.text else DeltaMessage(),
@@ -181,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def chunk(self, choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> dict:
         data = super().chunk(choices, usage)
-        pending = getattr(self, "pending_prompt_logprobs", None)
+        pending = self.pending_prompt_logprobs
         if pending is not None and choices:  # vlite's choice: vLLM refuses prompt_logprobs with stream
             self.pending_prompt_logprobs = None
             data["prompt_logprobs"] = [None if e is None else {str(t): lp.model_dump(mode="json") for t, lp in e.items()}
