@@ -171,6 +171,18 @@ def test_logit_bias_allowed_token_ids_bad_words(server, http, offline):
     assert first not in tokens and first.strip() not in [t.strip() for t in tokens]
 
 
+def test_disconnect_mid_stream_leaves_nothing(server, http):
+    """A client that goes away after the first chunk of an echo + prompt_logprobs + logit_bias +
+    bad_words stream (n = 2): every block and request is released."""
+    body = {"prompt": PROMPT * 3, "max_tokens": 400, "ignore_eos": True, "n": 2, "echo": True, "logprobs": 2,
+            "prompt_logprobs": 3, "logit_bias": {"5": 3}, "bad_words": ["cache"], "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[len("data: "):])["choices"][0]["text"].startswith(PROMPT)
+    wait_drained(server)
+
+
 VOCAB = 49152
 
 
