@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 VLITE := $(VENV)/bin/vlite
 STAMP := $(VENV)/.vlite-setup-done
 
-.PHONY: setup run test lint bench clean interop
+.PHONY: setup run test lint bench clean interop lm-eval-parity
 
 setup: $(STAMP)
 
@@ -32,8 +32,13 @@ test: setup
 interop: setup
 	bash tests/interop/vllm.sh
 
+# Not in .ci/run (the lm-eval install alone takes minutes): lm-evaluation-harness's local-completions
+# against vlite serve vs its hf model on the same weights, in .venv-lmeval. See docs/serve.md.
+lm-eval-parity: setup
+	bash benchmarks/lm_eval_parity.sh
+
 lint: setup
 	$(VENV)/bin/ruff check vlite tests benchmarks
 
 clean:
-	rm -rf $(VENV) leak-report interop-report
+	rm -rf $(VENV) .venv-lmeval leak-report interop-report

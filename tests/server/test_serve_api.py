@@ -282,7 +282,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "max_tokens": 5000}, "max_tokens"),  # more than the model's context length
     ({"prompt": "word " * 4100, "max_tokens": 1}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
-    ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias"),  # bias outside [-100, 100]
     ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),  # best_of sampling: only with use_beam_search
     ({"prompt": "x", "use_beam_search": True, "best_of": 3, "temperature": 0.7}, "temperature"),
     ({"prompt": "x", "use_beam_search": True, "n": 3, "best_of": 2}, "best_of"),

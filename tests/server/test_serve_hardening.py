@@ -208,7 +208,7 @@ BAD_INTEGERS = [
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": True}, "logprobs"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),  # not supported at all
+    ({"logit_bias": {"1": 5, "99999999": 1}}, "logit_bias"),  # a token id outside the vocabulary
 ]
 
 

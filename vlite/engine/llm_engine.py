@@ -22,6 +22,7 @@ from vlite.engine.config import EngineConfig
 from vlite.engine.faults import FaultSet
 from vlite.engine.introspection import EngineView, LedgerRecord
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
+from vlite.engine.logits_processors import build_logits_processor
 from vlite.engine.metrics import EngineStats
 from vlite.engine.model_runner import ModelRunner, SequenceError
 from vlite.engine.output_processor import OutputProcessor
@@ -146,7 +147,12 @@ class LLMEngine:
         self._check_fits(len(prompt_token_ids), params)
         if request_id in self.scheduler.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use by a live request")
+        try:  # logit_bias / allowed_token_ids / bad_words, checked against the vocabulary
+            processor = build_logits_processor(params, self.tokenizer, vocab)
+        except ValueError as exc:
+            raise RequestRejectedError(str(exc)) from None
         seq = Sequence(request_id, prompt, prompt_token_ids, params, origin, self.eos_token_ids)
+        seq.logits_processor = processor
         self.output_processor.init_sequence(seq)
         beam = None
         if params.beam_width > 1:

@@ -9,13 +9,14 @@ manager: block tables arrive with each step.
 Per step it builds (T = scheduled tokens, B = scheduled sequences, decodes first):
   input_ids [T] int64, positions [T] int64, slot_mapping [T] int64,
   block_tables [B, max_blocks] int64, seq_lens [B] int64, query_start_loc [B + 1] int64,
-and computes logits only for the last token of each sequence whose chunk reaches its end.
+and computes logits only for the last token of each sequence whose chunk reaches its end (and,
+for requests asking for prompt logprobs, at their prompt positions: prompt_logprobs.py).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +25,7 @@ from vlite.engine.faults import FaultSet
 from vlite.engine.loader import LoadedCheckpoint
 from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
+from vlite.engine.prompt_logprobs import compute_prompt_logprobs
 from vlite.engine.sampler import SamplerOutput, sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -50,6 +52,8 @@ class StepResult:
     sampler_output: SamplerOutput
     # [len(sampled_seqs), vocab] float32 logits before sampling, when asked for (n > 1, beams)
     logits: torch.Tensor | None = None
+    # {seq_id: (first prompt token index, entries)}: prompt logprobs this step's chunks yielded
+    prompt_logprobs: dict[int, tuple[int, list]] = field(default_factory=dict)
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -252,12 +256,13 @@ class ModelRunner:
             hidden = self.cuda_graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, sched)  # {} unless asked for
         sampled = [item.seq for item in sched.scheduled if item.sample]
         if not sampled:
-            return StepResult([], SamplerOutput([], []))
+            return StepResult([], SamplerOutput([], []), prompt_logprobs=prompt_logprobs)
         logits = self.model.compute_logits(hidden[logits_indices]).cpu()
         raw = logits.clone() if sched.keep_logits else None
-        return StepResult(sampled, sample(logits, sampled, self.generator), raw)
+        return StepResult(sampled, sample(logits, sampled, self.generator), raw, prompt_logprobs)
 
 
 __all__ = ["ModelRunner", "SequenceError", "StepResult", "build_model", "kv_cache_bytes_per_block"]

@@ -62,7 +62,7 @@ class OutputProcessor:
         return RequestOutput(req.request_id, primary.prompt, primary.prompt_token_ids, completions, finished,
                              req.origin, metrics, error=next((s.error for s in req.seqs if s.error), None),
                              stream_holdback=0 if finished else stop_holdback(primary),
-                             new_token_ids=new_token_ids)
+                             new_token_ids=new_token_ids, prompt_logprobs=primary.prompt_logprobs)
 
     @staticmethod
     def _completion(seq: Sequence) -> CompletionOutput:

@@ -50,3 +50,6 @@ class RequestOutput:
     # Characters at the end of outputs[i].text a stream must hold back (possible stop-string start).
     stream_holdback: int = 0
     new_token_ids: list[int] = field(default_factory=list)
+    # With SamplingParams.prompt_logprobs: per prompt token None (the first) or {token_id:
+    # Logprob} (vlite.engine.prompt_logprobs), once the whole prompt has run; else None.
+    prompt_logprobs: list | None = None

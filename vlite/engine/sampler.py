@@ -1,6 +1,7 @@
 """Batched sampling: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
-Logit processing follows vLLM's sampler order: penalties (repetition as in CTRL, Keskar et al.
+Logit processing follows vLLM's sampler order: per-request logits processors (logit_bias,
+allowed_token_ids, bad_words: vlite/engine/logits_processors.py), penalties (repetition as in CTRL, Keskar et al.
 2019; presence/frequency as the OpenAI API reference defines them), min_tokens masking,
 temperature, then top-k / top-p / min-p truncation, then sampling.
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vlite.engine.logits_processors import apply_logits_processors
 from vlite.engine.sequence import Sequence
 
 
@@ -68,6 +70,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     """
     token_ids: list[int] = []
     logprobs: list[dict[int, float] | None] = []
+    # Before any processing: the model's own distribution (vLLM's raw_logprobs).
+    raw = [logits[i].log_softmax(-1) if s.sampling_params.logprobs is not None else None for i, s in enumerate(seqs)]
+    apply_logits_processors(logits, seqs)  # logit_bias, allowed_token_ids, bad_words
     if all(s.sampling_params.greedy and not s.sampling_params.uses_penalties
            and s.num_output_tokens >= s.sampling_params.min_tokens and s.sampling_params.logprobs is None
            for s in seqs):
@@ -75,8 +80,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     for i, seq in enumerate(seqs):
         p = seq.sampling_params
         row = logits[i]
-        # Before the in-place penalties: the model's own distribution (vLLM's raw_logprobs).
-        raw_logprobs = row.log_softmax(-1) if p.logprobs is not None else None
+        raw_logprobs = raw[i]
         _apply_penalties(row, seq)
         if seq.num_output_tokens < p.min_tokens:
             banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(seq.eos_token_ids))

@@ -14,6 +14,7 @@ MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 1e6
 MAX_ABS_LENGTH_PENALTY = 10.0
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MAX_ABS_LOGIT_BIAS = 100.0  # OpenAI: "values between -100 and 100"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed range, as vLLM validates it
 MAX_TOP_K = 2**31 - 1  # any top_k >= the vocabulary size keeps every token
 
@@ -36,6 +37,14 @@ class SamplingParams:
     ignore_eos: keep going past EOS until max_tokens.
     n: sequences returned per request; with n > 1 the samples share the prompt's KV blocks.
     logprobs: also return the log-probabilities of the top ``logprobs`` tokens (0..20).
+    prompt_logprobs: also return the log-probabilities of every prompt token and of the top
+        ``prompt_logprobs`` tokens at each prompt position (0..20; vLLM's extension); see
+        vlite/engine/prompt_logprobs.py.
+    logit_bias: {token id: bias added to its logit}, bias in [-100, 100] (OpenAI's logit_bias).
+    allowed_token_ids: only these token ids can be sampled (vLLM); non-empty when given.
+    bad_words: words that are never generated (vLLM): each word's token sequence, with and
+        without a leading space, is blocked by masking its last token after its prefix.
+        Token ids are checked against the vocabulary by the engine (vlite/engine/logits_processors.py).
     beam_width: > 1 runs beam search (greedy scores, as transformers' ``num_beams``); the
         ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty,
         in [-10, 10].
@@ -62,6 +71,10 @@ class SamplingParams:
     logprobs: int | None = None
     beam_width: int = 1
     length_penalty: float = 1.0
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -106,6 +119,25 @@ class SamplingParams:
         _check(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        _check(self.prompt_logprobs is None
+               or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+               f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
+        if self.logit_bias is not None:
+            self.logit_bias = dict(self.logit_bias)
+            for tid, bias in self.logit_bias.items():
+                _check(_is_int(tid) and tid >= 0, f"logit_bias keys must be token ids (integers >= 0), got {tid!r}")
+                _check(isinstance(bias, (int, float)) and not isinstance(bias, bool) and math.isfinite(bias)
+                       and abs(bias) <= MAX_ABS_LOGIT_BIAS,
+                       f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {tid}")
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            _check(bool(self.allowed_token_ids) and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
+                   f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), "
+                   f"got {self.allowed_token_ids!r}")
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
+            _check(all(isinstance(w, str) and w.strip() for w in self.bad_words),
+                   f"bad_words must be non-blank strings, got {self.bad_words!r}")
         _check(self.beam_width >= 1,
                f"beam_width must be an integer >= 1, got {self.beam_width!r}")
         if self.beam_width > 1:
@@ -113,6 +145,8 @@ class SamplingParams:
                    "beam search (beam_width > 1) needs temperature 0 and no penalties")
             _check(self.n <= self.beam_width, f"n ({self.n}) must be <= beam_width ({self.beam_width})")
             _check(not self.stop, "beam search does not support stop strings")
+            _check(not self.uses_logits_processors,
+                   "beam search does not support logit_bias, allowed_token_ids or bad_words")
         if self.top_k == 0:
             self.top_k = -1
 
@@ -120,6 +154,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling reduces to argmax (temperature 0)."""
         return self.temperature == 0.0
+
+    @property
+    def uses_logits_processors(self) -> bool:
+        """True when logit_bias, allowed_token_ids or bad_words is set."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
     @property
     def uses_penalties(self) -> bool:

@@ -28,6 +28,7 @@ from vlite.engine.block_manager import AllocationSite, BlockManager
 from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.detokenizer import find_stop_string
 from vlite.engine.faults import FaultSet, PlantedFault
+from vlite.engine.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
 from vlite.engine.request import Request, RequestRecord
 from vlite.engine.sampler import sample
 from vlite.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -188,12 +189,14 @@ class Scheduler:
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             seq = self.waiting[0]
-            hits = self.block_manager.find_prefix_hits(seq)
+            # no cached prefix for a prompt whose logprobs are still missing: it is recomputed
+            skip_cache = needs_prompt_logprobs(seq)
+            hits = [] if skip_cache else self.block_manager.find_prefix_hits(seq)
             num_cached = len(hits) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached - seq.num_computed_tokens, budget)
             if not self.block_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
                 break
-            if seq.num_computed_tokens == 0:
+            if seq.num_computed_tokens == 0 and not skip_cache:
                 self.block_manager.prefix_cache_queries += seq.num_tokens
                 self.block_manager.prefix_cache_hits += num_cached
             seq.num_computed_tokens += num_cached
@@ -248,6 +251,9 @@ class Scheduler:
         now = time.time()
         for item in sched.scheduled:
             seq = item.seq
+            if seq.seq_id in result.prompt_logprobs:
+                record_prompt_logprobs(seq, *result.prompt_logprobs[seq.seq_id],
+                                       seq.num_computed_tokens + item.num_new_tokens)
             seq.num_computed_tokens += item.num_new_tokens
             if seq.num_output_tokens == 0:
                 self.prompt_tokens_total += item.num_new_tokens

@@ -74,6 +74,12 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[dict[int, float]] = []
+        # Prompt logprobs (vlite.engine.prompt_logprobs): the complete list once the prompt has
+        # run, and the entries gathered so far during a chunked prefill.
+        self.prompt_logprobs: list | None = None
+        self.partial_prompt_logprobs: list | None = None
+        # logit_bias / allowed_token_ids / bad_words (vlite.engine.logits_processors), or None
+        self.logits_processor = None
         self.sampling_params = sampling_params
         self.origin = origin
         self.eos_token_ids = eos_token_ids
@@ -110,6 +116,8 @@ class Sequence:
         child.parent_seq_id = self.seq_id
         child.output_token_ids = list(self.output_token_ids)
         child.output_logprobs = list(self.output_logprobs)
+        child.prompt_logprobs = self.prompt_logprobs
+        child.logits_processor = self.logits_processor
         child.block_hashes = list(self.block_hashes)
         child.cumulative_logprob = self.cumulative_logprob
         child.status = self.status

@@ -2,7 +2,7 @@
 
 Formats follow the OpenAI API reference (Completions, Chat Completions, Models, error
 objects) plus vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids) and its /tokenize and /detokenize routes. Request models accept
+ignore_eos, stop_token_ids, allowed_token_ids, bad_words, prompt_logprobs) and its /tokenize and /detokenize routes. Request models accept
 unknown fields (OpenAI clients send new ones all the time) and the server logs them as
 ignored; a known field of the wrong type is a 400.
 
@@ -35,6 +35,7 @@ from vlite.engine import (
     INT64_MAX,
     INT64_MIN,
     MAX_ABS_LENGTH_PENALTY,
+    MAX_ABS_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
     MAX_TEMPERATURE,
@@ -148,7 +149,8 @@ class SamplingRequest(OpenAIBase):
     seed: Int(ge=INT64_MIN, le=INT64_MAX) | None = None
     presence_penalty: Float(ge=-2.0, le=2.0) | None = None
     frequency_penalty: Float(ge=-2.0, le=2.0) | None = None
-    logit_bias: dict[str, float] | None = Field(None, json_schema_extra={"maxProperties": 0})  # refused if not empty
+    # {token id as a decimal string: bias}; ids < the vocabulary size (checked by the handler)
+    logit_bias: dict[str, Float(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)] | None = None
     user: Text | None = None
     # vLLM's extras
     top_k: Int(ge=-1, le=MAX_TOP_K) | None = None
@@ -157,6 +159,9 @@ class SamplingRequest(OpenAIBase):
     min_tokens: Int(ge=0) = 0  # and <= max_tokens
     ignore_eos: Bool = False
     stop_token_ids: TokenIds() | None = None  # and < the vocabulary size
+    allowed_token_ids: TokenIds(min_length=1) | None = None  # and < the vocabulary size
+    bad_words: list[NonEmptyText] | None = None
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None  # vLLM: logprobs of the prompt tokens
     # Beam search, in vLLM's older OpenAI-server style: use_beam_search + best_of (beam width,
     # default n) + length_penalty; returns the n best beams. best_of without beam search must
     # equal n (OpenAI's best_of sampling is not supported).
@@ -196,7 +201,7 @@ class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: Int(ge=1) | None = 16  # and <= max_model_len; null means 16 (OpenAI's default)
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
-    echo: Bool = Field(False, json_schema_extra={"enum": [False]})  # refused (400) when true
+    echo: Bool = False  # the prompt is prepended to each choice's text (and its tokens to logprobs)
     suffix: Text | None = Field(None, json_schema_extra={"maxLength": 0})  # refused (400) when not empty
 
 
@@ -272,12 +277,26 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's ``Logprob`` of one token at one prompt position: logprob (nats, >= -9999.0),
+    rank in the model's distribution (1 = most likely) and the token's text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's ``prompt_logprobs``: per prompt token, null (the first) or {token id: PromptLogprob}
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -323,6 +342,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -344,6 +364,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # only in the first content chunk, when asked for
 
 
 class TokenizeResponse(BaseModel):

@@ -120,6 +120,25 @@ def check_limits(state: ServerState, req: SamplingRequest, max_tokens: int, num_
     bad = [t for t in req.stop_token_ids or () if t >= vocab]
     if bad:
         raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab}), got {bad[0]}", param="stop_token_ids")
+    bad = [t for t in req.allowed_token_ids or () if t >= vocab]
+    if bad:
+        raise APIError(400, f"allowed_token_ids must be token ids in [0, {vocab}), got {bad[0]}",
+                       param="allowed_token_ids")
+    check_logit_bias(req, vocab)
+
+
+def check_logit_bias(req: SamplingRequest, vocab: int) -> None:
+    """``logit_bias`` keys must be token ids in [0, vocab) written as decimal strings (OpenAI
+    sends them as JSON object keys); the values' range is in the schema.
+
+    Raises:
+        APIError: 400 naming ``logit_bias`` and the first bad key.
+    """
+    for key in req.logit_bias or ():
+        tid = int(key) if key.isascii() and key.isdigit() and len(key) <= 12 else -1
+        if not 0 <= tid < vocab:
+            raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab}) written as decimal strings, "
+                           f"got {key!r}", param="logit_bias")
 
 
 def max_prompt_chars(state: ServerState) -> int:
@@ -152,7 +171,8 @@ async def off_loop(state: ServerState, fn: Callable, *args):
     return await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool(), functools.partial(fn, *args))
 
 
-def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams from an OpenAI request (OpenAI's defaults where a field is null).
 
     ``n`` choices become ``SamplingParams(n=n)``: one engine request whose samples fork from
@@ -163,10 +183,8 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
         APIError: 400 for a value out of range or an unsupported option.
     """
     check_n(req.n)
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", param="logit_bias")
     if req.use_beam_search:
-        return beam_search_params(req, max_tokens, logprobs)
+        return beam_search_params(req, max_tokens, logprobs, prompt_logprobs)
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of other than n is only supported with use_beam_search", param="best_of")
     try:
@@ -179,13 +197,16 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             seed=req.seed, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs)
+            ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words or None)
     except ValueError as exc:
         message = str(exc)
         raise APIError(400, message, param=message.split(" ", 1)[0]) from None
 
 
-def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
+                       prompt_logprobs: int | None = None) -> SamplingParams:
     """Beam search as vLLM's OpenAI server took it up to v0.6 (its "extra parameters":
     ``use_beam_search: true``, ``best_of`` = beam width W, ``length_penalty``): W defaults to
     ``n`` and must be >= max(n, 2); the ``n`` best beams are returned, best first; score = sum
@@ -209,6 +230,9 @@ def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | No
         ("stop_token_ids", bool(req.stop_token_ids), "beam search does not support stop_token_ids"),
         ("min_tokens", req.min_tokens > 0, "beam search does not support min_tokens"),
         ("logprobs", logprobs is not None, "beam search does not return logprobs"),
+        ("logit_bias", bool(req.logit_bias), "beam search does not support logit_bias"),
+        ("allowed_token_ids", req.allowed_token_ids is not None, "beam search does not support allowed_token_ids"),
+        ("bad_words", bool(req.bad_words), "beam search does not support bad_words"),
         ("presence_penalty", bool(req.presence_penalty), "beam search does not support penalties"),
         ("frequency_penalty", bool(req.frequency_penalty), "beam search does not support penalties"),
         ("repetition_penalty", req.repetition_penalty not in (None, 1, 1.0),
@@ -220,7 +244,7 @@ def beam_search_params(req: SamplingRequest, max_tokens: int, logprobs: int | No
     length_penalty = 1.0 if req.length_penalty is None else req.length_penalty
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=req.ignore_eos, n=req.n,
-                              beam_width=width, length_penalty=length_penalty)
+                              beam_width=width, length_penalty=length_penalty, prompt_logprobs=prompt_logprobs)
     except ValueError as exc:
         message = str(exc)
         raise APIError(400, message, param=message.split(" ", 1)[0]) from None
@@ -451,8 +475,13 @@ class OpenAIServing(ABC):
         """The choice object of the chunk for one choice's delta."""
 
     @abstractmethod
-    def final_choice(self, prompt_index: int, c: CompletionOutput) -> BaseModel:
-        """The choice object of the non-streaming response for choice ``c`` of prompt ``prompt_index``."""
+    def final_choice(self, prompt_index: int, c: CompletionOutput, out: RequestOutput | None = None) -> BaseModel:
+        """The choice object of the non-streaming response for choice ``c`` of prompt ``prompt_index``
+        (``out``: that prompt's final RequestOutput)."""
+
+    def response_extras(self, finals: list[RequestOutput]) -> dict:
+        """Extra top-level fields of the non-streaming response (chat: ``prompt_logprobs``)."""
+        return {}
 
     def chunk(self, choices: list[BaseModel], usage: UsageInfo | None = None) -> dict:
         """One SSE chunk's JSON: ``chunk_type`` with ``choices``; ``usage`` only in the usage chunk."""
@@ -481,11 +510,11 @@ class OpenAIServing(ABC):
         if self.req.stream:
             return AbortOnCloseStreamingResponse(self._stream(group, prompt_tokens), group)
         finals = await collect_final(group)
-        choices = [self.final_choice(p, c) for p, out in enumerate(finals)
+        choices = [self.final_choice(p, c, out) for p, out in enumerate(finals)
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         completion_tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
         body = self.response_type(id=self.response_id, model=self.model, choices=choices,
-                                  usage=usage_info(prompt_tokens, completion_tokens))
+                                  usage=usage_info(prompt_tokens, completion_tokens), **self.response_extras(finals))
         return JSONResponse(body.model_dump(mode="json"))
 
     async def _stream(self, group: RequestStreamGroup, prompt_tokens: int) -> AsyncIterator[str]:

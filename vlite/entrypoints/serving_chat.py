@@ -3,14 +3,17 @@
 The prompt is one engine request (id: the X-Request-Id) with ``SamplingParams(n=n)``: its
 ``n`` choices (samples, or beams with ``use_beam_search``) share the prompt's KV blocks.
 Streaming follows OpenAI: per choice a first chunk with ``delta.role``, then content deltas,
-then a chunk with ``finish_reason``; ``stream_options.include_usage`` adds a usage chunk with
+then a chunk with ``finish_reason``; with vLLM's ``prompt_logprobs`` the non-streaming response
+has a top-level ``prompt_logprobs`` and a stream carries it in its first content chunk (vLLM
+refuses the two together); ``stream_options.include_usage`` adds a usage chunk with
 no choices; the stream ends with ``data: [DONE]``.
 """
 
 from __future__ import annotations
 
-from vlite.engine import CompletionOutput, SamplingParams
+from vlite.engine import CompletionOutput, RequestOutput, SamplingParams
 from vlite.entrypoints.errors import APIError
+from vlite.entrypoints.logprobs_format import TokenTexts, prompt_logprobs_json
 from vlite.entrypoints.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
@@ -138,6 +141,8 @@ class OpenAIServingChat(OpenAIServing):
         check_limits(self.state, req, self.max_tokens or 1, max_tokens_param=max_tokens_param)
         check_chat_chars(self.state, self.plain)
         self.num_top = (req.top_logprobs or 0) if req.logprobs else None
+        self.sent_prompt_logprobs = False  # streaming: prompt_logprobs go in the first content chunk
+        self.pending_prompt_logprobs = None
 
     def render(self) -> list[RenderedPrompt]:
         return [render_chat(self.tokenizer, self.plain, self.req.add_generation_prompt)]
@@ -146,7 +151,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.max_tokens
         if max_tokens is None:
             max_tokens = _default_max_tokens(self.state, self.req, len(prompts[0][1]))
-        return sampling_params(self.req, max_tokens, self.num_top)
+        return sampling_params(self.req, max_tokens, self.num_top, self.req.prompt_logprobs)
 
     def _logprobs(self, c: CompletionOutput, start: int, end: int) -> ChatChoiceLogprobs | None:
         return None if self.num_top is None else chat_logprobs(self.tokenizer, c, start, end, self.num_top)
@@ -155,19 +160,35 @@ class OpenAIServingChat(OpenAIServing):
         return [ChatStreamChoice(index=j, delta=DeltaMessage(role="assistant", content=""))
                 for j in range(self.req.n)]
 
+    def response_extras(self, finals: list[RequestOutput]) -> dict:
+        if self.req.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs_json(TokenTexts(self.tokenizer), finals[0].prompt_logprobs)}
+
     def stream_choice(self, d: ChoiceDelta) -> ChatStreamChoice:
         c = d.choice
+        if self.req.prompt_logprobs is not None and not self.sent_prompt_logprobs:
+            self.sent_prompt_logprobs = True  # the next chunk (this choice's) carries them
+            self.pending_prompt_logprobs = prompt_logprobs_json(TokenTexts(self.tokenizer), d.out.prompt_logprobs)
         return ChatStreamChoice(index=c.index, delta=DeltaMessage(content=d.text) if d.text else DeltaMessage(),
                                 logprobs=self._logprobs(c, d.first_token, d.end_token),
                                 finish_reason=c.finish_reason)
 
-    def final_choice(self, prompt_index: int, c: CompletionOutput) -> ChatCompletionChoice:
+    def final_choice(self, prompt_index: int, c: CompletionOutput,
+                     out: RequestOutput | None = None) -> ChatCompletionChoice:
         return ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
                                     logprobs=self._logprobs(c, 0, len(c.token_ids)),
                                     finish_reason=c.finish_reason, stop_reason=c.stop_reason)
 
     def chunk(self, choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> dict:
         data = super().chunk(choices, usage)
+        pending = self.pending_prompt_logprobs
+        if pending is not None and choices:  # vlite's choice: vLLM refuses prompt_logprobs with stream
+            self.pending_prompt_logprobs = None
+            data["prompt_logprobs"] = [None if e is None else {str(t): lp.model_dump(mode="json") for t, lp in e.items()}
+                                       for e in pending]
+        else:
+            data.pop("prompt_logprobs", None)
         for choice in data["choices"]:  # OpenAI omits unset delta fields (role after the first chunk)
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
         return data
