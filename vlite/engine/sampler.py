@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from vlite.engine.sequence import Sequence
+from vlite.engine.structured_output import apply_grammar_masks
 
 
 @dataclass
@@ -66,6 +67,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
         seqs: the sequences that sample this step.
         generator: used by rows whose request has no seed.
     """
+    apply_grammar_masks(logits, seqs)  # structured output: -inf outside each row's grammar
     token_ids: list[int] = []
     logprobs: list[dict[int, float] | None] = []
     if all(s.sampling_params.greedy and not s.sampling_params.uses_penalties

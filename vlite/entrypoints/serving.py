@@ -34,6 +34,7 @@ from vlite.engine.sequence import RequestOrigin
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState
+from vlite.entrypoints.structured_outputs import compile_constraint, structured_outputs_params
 
 logger = logging.getLogger("vlite.server")
 
@@ -152,7 +153,9 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
 
     ``n`` choices become ``SamplingParams(n=n)``: one engine request whose samples fork from
     the prompt. ``use_beam_search`` (vLLM's older API field) becomes beam search with width
-    ``best_of`` (default ``n``), see ``beam_search_params``.
+    ``best_of`` (default ``n``), see ``beam_search_params``. ``response_format`` /
+    ``structured_outputs`` become ``SamplingParams.structured_outputs``
+    (``vlite.entrypoints.structured_outputs``; not with beam search).
 
     Raises:
         APIError: 400 for a value out of range or an unsupported option.
@@ -160,7 +163,11 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
     check_n(req.n)
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    structured = structured_outputs_params(req)
     if req.use_beam_search:
+        if structured is not None:
+            raise APIError(400, "beam search does not support structured outputs (response_format / "
+                           "structured_outputs)", param="use_beam_search")
         return beam_search_params(req, max_tokens, logprobs)
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of other than n is only supported with use_beam_search", param="best_of")
@@ -174,7 +181,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None)
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             seed=req.seed, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs)
+            ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs, structured_outputs=structured)
     except ValueError as exc:
         message = str(exc)
         raise APIError(400, message, param=message.split(" ", 1)[0]) from None
@@ -398,7 +405,8 @@ class OpenAIServing(ABC):
     1. warn about unknown fields; resolve ``model`` (404 for one not served);
     2. ``check()``: the route's refusals and limits, before any tokenizing (400);
     3. ``render()`` in the tokenizer threads (``off_loop``): the prompt(s) as token ids;
-    4. ``params(prompts)``: the SamplingParams of every prompt's engine request;
+    4. ``params(prompts)``: the SamplingParams of every prompt's engine request; a structured
+       output constraint is compiled now, in the tokenizer threads (400 if invalid);
     5. one engine request per prompt, its ``n`` choices the sequences of that request
        (``add_to_engine``: 400 if the engine rejects it, 503 while shutting down);
     6. ``stream: true``: SSE chunks, one choice each (``opening_choices()`` first, then
@@ -467,6 +475,8 @@ class OpenAIServing(ABC):
         self.check()
         prompts = await off_loop(self.state, self.render)
         params = self.params(prompts)
+        if params.structured_outputs is not None:  # a bad schema / regex / grammar is a 400 now
+            await compile_constraint(self.state, self.req, params.structured_outputs)
         info = RequestInfo.from_request(self.request)
         group = await add_to_engine(self.state, [
             EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)
