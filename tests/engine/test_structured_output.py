@@ -265,3 +265,29 @@ def test_beam_search_and_unknown_keys_are_refused():
         SamplingParams(temperature=0.0, beam_width=2, structured_outputs={"regex": "a+"})
     with pytest.raises(ValueError, match="unexpected keyword argument 'guided_json'"):
         SamplingParams(structured_outputs={"guided_json": {}})
+
+
+@pytest.mark.slow
+def test_smollm2_follows_json_mode_schema_and_choice_with_default_whitespace(smollm2_checkpoint):
+    """A real instruct model, vLLM's defaults (any JSON whitespace): chat prompts asking for
+    JSON finish by themselves with valid output."""
+    engine = make_engine(smollm2_checkpoint, num_blocks=64)
+    tok = engine.tokenizer
+
+    def chat(message: str) -> str:
+        return tok.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                       add_generation_prompt=True)
+
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    outs = engine.generate(
+        [chat("Give me a JSON object describing a cat with its name and color."),
+         chat("Describe Ada Lovelace as JSON with name and age."), chat("Is the sky blue? Answer yes or no.")],
+        [constrained(max_tokens=80, json_object=True), constrained(max_tokens=80, json=person),
+         constrained(max_tokens=10, choice=["yes", "no"])])
+    cat, ada, answer = (o.outputs[0] for o in outs)
+    assert all(c.finish_reason == "stop" for c in (cat, ada, answer))
+    assert isinstance(json.loads(cat.text), dict)
+    validate(person, ada.text)
+    assert answer.text in ("yes", "no")
+    assert matchers(engine) == 0
