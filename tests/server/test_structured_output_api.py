@@ -159,6 +159,7 @@ def test_invalid_constraints_are_400_before_queueing(server, http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema.name"  # OpenAI's pattern
     snap = http.get("/debug/blocks").json()
     assert snap["sequences"] == [] and snap["view"]["registries"]["structured_output.matchers"] == 0
+    assert "ignored unknown request fields: 'guided" not in server.log()  # refused, not "ignored"
 
 
 def test_disconnect_mid_stream_leaves_no_matcher(server, http):

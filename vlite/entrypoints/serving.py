@@ -34,7 +34,11 @@ from vlite.engine.sequence import RequestOrigin
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState
-from vlite.entrypoints.structured_outputs import compile_constraint, structured_outputs_params
+from vlite.entrypoints.structured_outputs import (
+    REMOVED_GUIDED_FIELDS,
+    compile_constraint,
+    structured_outputs_params,
+)
 
 logger = logging.getLogger("vlite.server")
 
@@ -77,8 +81,10 @@ def served_model(state: ServerState, model: str | None) -> str:
 
 
 def warn_ignored_fields(req: BaseModel) -> None:
-    if req.model_extra:  # ascii(): a field name may hold anything, a lone surrogate included
-        logger.warning("ignored unknown request fields: %s", ", ".join(ascii(k) for k in sorted(req.model_extra)))
+    # vLLM's removed guided_* fields are not ignored: they get a 400 (structured_outputs_params)
+    ignored = sorted(k for k in req.model_extra or () if k not in REMOVED_GUIDED_FIELDS)
+    if ignored:  # ascii(): a field name may hold anything, a lone surrogate included
+        logger.warning("ignored unknown request fields: %s", ", ".join(ascii(k) for k in ignored))
 
 
 # vLLM's OpenAI layer reports log-probabilities as max(logprob, -9999.0): JSON has no -inf.
