@@ -19,6 +19,7 @@ Registries (per-request state that must be empty once the engine is idle):
 ``prefix_hash_progress``   full blocks already hashed, by sequence id (prefix caching)
 ``pending_copies``         copy-on-write copies not yet applied
 ``ledger.held``            block references held (the allocation ledger)
+``structured_output...``   grammar matcher states by sequence id (``structured_output.matchers``)
 ``async.live``             the async engine's requests in flight (a served engine only)
 ``server.metrics_...``     the server's per-request last-token times (``/debug/blocks`` only)
 =========================  ==================================================================
@@ -53,6 +54,7 @@ REGISTRIES: dict[str, str] = {
     "prefix_hash_progress": "hashed full blocks by sequence id (prefix caching)",
     "pending_copies": "copy-on-write copies not applied yet",
     "ledger.held": "block references held (allocation ledger)",
+    "structured_output.matchers": "grammar matcher states by sequence id (structured output)",
 }
 ASYNC_REGISTRIES: dict[str, str] = {
     "async.live": "the async engine's requests in flight",
@@ -74,7 +76,7 @@ class Coverage:
     allocation_sites: block references allocated, by ledger site ("prefill", "decode append",
         "prefix cache hit", "fork", "copy-on-write").
     finish_reasons: sequences ended, by kind ("stop:eos", "stop:stop_token",
-        "stop:stop_string", "stop:beam_pruned", "stop", "length", "abort", "error").
+        "stop:stop_string", "stop:beam_pruned", "stop:grammar", "stop", "length", "abort", "error").
     abort_states: aborted sequences by the state they were in ("waiting", "prefill",
         "decode", "preempted", "resumed").
     preemptions, resumptions: recompute preemptions, and preempted sequences scheduled again.
@@ -195,7 +197,8 @@ class EngineView:
                  "scheduler.running": len(sched.running),
                  "engine.groups": sum(len(r) for r in list(sched.requests.values())),
                  "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
-                 "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger)}
+                 "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger),
+                 "structured_output.matchers": len(sched.structured_output.matchers)}
         if self._async is not None:
             sizes["async.live"] = len(self._async._live)
         return sizes

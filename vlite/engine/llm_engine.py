@@ -31,6 +31,7 @@ from vlite.engine.request import Request, RequestRecord
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import Scheduler
 from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("vlite.engine")
 
@@ -83,10 +84,14 @@ class LLMEngine:
                                               max_num_seqs=config.scheduler.max_num_seqs,
                                               enforce_eager=config.enforce_eager)
         self.output_processor = OutputProcessor(self.tokenizer)
+        # Structured output: grammar compiler cache (thread-safe) and per-sequence matchers.
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
+                                                         self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
                                    max_model_len=self.max_model_len, generator=self.model_runner.generator,
                                    detokenize=self.output_processor.detokenize,
-                                   finished_history=config.finished_history)
+                                   finished_history=config.finished_history,
+                                   structured_output=self.structured_output)
 
     # ---- set-up helpers ------------------------------------------------------------------
     def _derive_max_model_len(self) -> int:
@@ -123,8 +128,9 @@ class LLMEngine:
 
         Raises:
             RequestRejectedError: empty prompt, token ids outside the vocabulary, a duplicate
-                live request id, or a request that can never fit (prompt + max_tokens beyond
-                max_model_len or beyond the whole KV cache). Nothing is allocated.
+                live request id, a request that can never fit (prompt + max_tokens beyond
+                max_model_len or beyond the whole KV cache), or a structured-output constraint
+                that does not compile. Nothing is allocated.
         """
         params = sampling_params or SamplingParams()
         if request_id is None:
@@ -145,6 +151,11 @@ class LLMEngine:
         if bad:
             raise RequestRejectedError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
         self._check_fits(len(prompt_token_ids), params)
+        if params.structured_outputs is not None:  # compiled (and cached) now: a bad one is rejected here
+            try:
+                self.structured_output.compile(params.structured_outputs)
+            except ValueError as exc:
+                raise RequestRejectedError(str(exc)) from None
         if request_id in self.scheduler.requests:
             raise RequestRejectedError(f"request id {request_id!r} is already in use by a live request")
         try:  # logit_bias / allowed_token_ids / bad_words, checked against the vocabulary

@@ -19,6 +19,7 @@ import torch
 
 from vlite.engine.logits_processors import apply_logits_processors
 from vlite.engine.sequence import Sequence
+from vlite.engine.structured_output import apply_grammar_masks
 
 
 @dataclass
@@ -68,6 +69,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
         seqs: the sequences that sample this step.
         generator: used by rows whose request has no seed.
     """
+    apply_grammar_masks(logits, seqs)  # structured output: -inf outside each row's grammar
     token_ids: list[int] = []
     logprobs: list[dict[int, float] | None] = []
     # Before any processing: the model's own distribution (vLLM's raw_logprobs).

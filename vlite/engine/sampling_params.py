@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from vlite.engine.structured_output import StructuredOutputsParams
+
 # Documented bounds (docs/serve.md), shared by the engine and the OpenAI server's request schema.
 # Outside them the arithmetic either overflows float32 (logits / 1e-300 is inf, then NaN) or the
 # value has no meaning; vLLM's own checks are looser (e.g. no upper temperature bound).
@@ -48,6 +50,9 @@ class SamplingParams:
     beam_width: > 1 runs beam search (greedy scores, as transformers' ``num_beams``); the
         ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty,
         in [-10, 10].
+    structured_outputs: constrain the output to a JSON schema, a JSON object, a regex, a choice
+        or a grammar (``vlite.engine.structured_output``; vLLM's field); a dict is read as
+        ``StructuredOutputsParams(**dict)``. Not with beam search.
     Every float must be finite; booleans are not accepted as integers.
 
     Raises:
@@ -75,8 +80,16 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:  # an unknown key
+                raise ValueError(f"structured_outputs: {exc}") from None
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               f"structured_outputs must be StructuredOutputsParams or a dict, got {self.structured_outputs!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -147,6 +160,7 @@ class SamplingParams:
             _check(not self.stop, "beam search does not support stop strings")
             _check(not self.uses_logits_processors,
                    "beam search does not support logit_bias, allowed_token_ids or bad_words")
+            _check(self.structured_outputs is None, "beam search does not support structured outputs")
         if self.top_k == 0:
             self.top_k = -1
 

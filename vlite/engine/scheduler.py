@@ -32,6 +32,7 @@ from vlite.engine.prompt_logprobs import needs_prompt_logprobs, record_prompt_lo
 from vlite.engine.request import Request, RequestRecord
 from vlite.engine.sampler import sample
 from vlite.engine.sequence import FinishReason, Sequence, SequenceStatus
+from vlite.engine.structured_output import StructuredOutputManager
 
 if TYPE_CHECKING:
     from vlite.engine.model_runner import StepResult
@@ -86,12 +87,14 @@ class Scheduler:
         detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
             returns the new text (the output processor's); None = no stop strings checked.
         finished_history: finished sequences whose records are kept for attribution.
+        structured_output: the grammar compiler cache and per-sequence matchers (structured
+            output); None: a manager without a tokenizer (constrained requests are refused).
     """
 
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
                  faults: FaultSet | None = None, *, enable_ledger: bool = True, max_model_len: int | None = None,
                  generator: torch.Generator | None = None, detokenize: Callable[[Sequence], str] | None = None,
-                 finished_history: int = 10_000):
+                 finished_history: int = 10_000, structured_output: StructuredOutputManager | None = None):
         self.config = config
         self.faults = faults or FaultSet()
         # The scheduler builds and alone talks to the block manager (as vLLM v1's scheduler
@@ -103,6 +106,7 @@ class Scheduler:
         self.generator = generator
         self.detokenize = detokenize
         self.finished_history = finished_history
+        self.structured_output = structured_output or StructuredOutputManager()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Request] = {}  # live requests by request id
@@ -124,10 +128,18 @@ class Scheduler:
         """Queue a new request (its first sequence waits).
 
         Raises:
-            ValueError: a live request already has that id.
+            ValueError: a live request already has that id, or its structured-output
+                constraint does not compile.
         """
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use by a live request")
+        try:
+            for seq in request.live:
+                self.structured_output.add(seq)
+        except Exception:
+            for seq in request.live:
+                self.structured_output.free(seq)
+            raise
         self.requests[request.request_id] = request
         self.waiting.extend(request.live)
 
@@ -136,8 +148,13 @@ class Scheduler:
         self.add_request(Request.of(seq))
 
     def add_forked(self, child: Sequence) -> None:
-        """Add a sequence forked from a running one (it already shares the parent's blocks)."""
-        self.requests[child.request_id].add_sequence(child)
+        """Add a sequence forked from a running one (it already shares the parent's blocks);
+        it continues from its parent's grammar state (structured output)."""
+        req = self.requests[child.request_id]
+        parent = next((s for s in req.live if s.seq_id == child.parent_seq_id), None)
+        if parent is not None:
+            self.structured_output.fork(parent, child)
+        req.add_sequence(child)
         self.running.append(child)
 
     def num_blocks_for(self, num_tokens: int, width: int = 1) -> tuple[int, int]:
@@ -334,9 +351,12 @@ class Scheduler:
             beam.running = []
 
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
-        """Append one sampled token, detokenize, and finish on a stop token, EOS, stop string
-        or length (max_tokens or max_model_len), in that order (min_tokens first)."""
+        """Append one sampled token, detokenize, advance the grammar (structured output), and
+        finish on a grammar error, a stop token, EOS, stop string, the grammar's end state, or
+        length (max_tokens or max_model_len), in that order (min_tokens first)."""
         seq.output_token_ids.append(token)
+        grammar_done, grammar_error = (False, None) if seq.grammar_matcher is None else \
+            self.structured_output.accept(seq, token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
         self.generation_tokens_total += 1
@@ -346,12 +366,16 @@ class Scheduler:
         new_text = self.detokenize(seq) if self.detokenize is not None else ""
         p = seq.sampling_params
         done = seq.num_output_tokens >= p.min_tokens
-        if done and token in p.stop_token_ids:
+        if grammar_error is not None:
+            self.finish_sequence(seq, FinishReason.ERROR, error=grammar_error)
+        elif done and token in p.stop_token_ids:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=token)
         elif done and not p.ignore_eos and token in seq.eos_token_ids:
             self.finish_sequence(seq, FinishReason.STOP)
         elif (stop := find_stop_string(seq, len(new_text)) if done and self.detokenize else None) is not None:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=stop)
+        elif grammar_done:
+            self.finish_sequence(seq, FinishReason.STOP, kind="stop:grammar")
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self.finish_sequence(seq, FinishReason.LENGTH)
 
@@ -376,6 +400,7 @@ class Scheduler:
         seq.stop_reason = stop_reason
         seq.error = error
         seq.finished_time = time.time()
+        self.structured_output.free(seq)
         rec = self._record_of(seq)  # before the request may leave ``requests``
         try:
             if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):

@@ -100,6 +100,9 @@ class Sequence:
             import torch  # torch is loaded by then; importing here keeps `import vlite.engine` light
 
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        # Structured output: this sequence's grammar matcher (llguidance ``LLMatcher``), set and
+        # dropped by the scheduler's StructuredOutputManager; None when unconstrained.
+        self.grammar_matcher = None
         # Detokenizer state (see detokenizer.py).
         self.output_text = ""
         self.prefix_offset = 0

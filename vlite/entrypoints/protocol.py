@@ -136,6 +136,42 @@ class StreamOptions(OpenAIBase):
     include_usage: Bool = False
 
 
+class JsonSchemaFormat(OpenAIBase):
+    """OpenAI's ``response_format.json_schema``: ``name`` (required by OpenAI, a-z A-Z 0-9 _ -,
+    at most 64), ``description``, ``schema`` (a JSON Schema object), ``strict`` (accepted; vlite
+    always enforces the whole schema)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    description: Text | None = None
+    json_schema: dict | None = Field(None, alias="schema")
+    strict: Bool | None = None
+
+
+class ResponseFormat(OpenAIBase):
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type":
+    "json_object"}`` (JSON mode: a JSON object) or ``{"type": "json_schema", "json_schema":
+    {...}}``. vLLM's ``structural_tag`` type is refused (400)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(OpenAIBase):
+    """vLLM's ``structured_outputs`` extra field (vLLM >= 0.12; it replaced ``guided_json``,
+    ``guided_regex``, ``guided_choice``, ``guided_grammar``): exactly one of ``json``, ``regex``,
+    ``choice``, ``grammar``, ``json_object``, plus whitespace options. ``structural_tag`` is refused."""
+
+    json_schema: dict | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: Bool | None = None
+    disable_any_whitespace: Bool = False
+    disable_additional_properties: Bool = False
+    whitespace_pattern: Text | None = None
+    structural_tag: Text | dict | None = None
+
+
 class SamplingRequest(OpenAIBase):
     """Fields common to /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
@@ -168,6 +204,10 @@ class SamplingRequest(OpenAIBase):
     best_of: Int(ge=1) | None = None  # and <= --max-n
     use_beam_search: Bool = False
     length_penalty: Float(ge=-MAX_ABS_LENGTH_PENALTY, le=MAX_ABS_LENGTH_PENALTY) | None = None
+    # Structured output (vlite.entrypoints.structured_outputs): OpenAI's response_format, or vLLM's
+    # structured_outputs; not both.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
 
 
 def _prompt_kind(value) -> str | None:
@@ -258,7 +298,8 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
 # Every field name a request body can hold: the error handler keeps these (and list indices)
 # from a validation error's location and drops pydantic's union-member tags ("str", "list[int]").
 REQUEST_FIELD_NAMES = _field_names(StreamOptions, CompletionRequest, ChatCompletionRequest, TextContentPart,
-                                   ChatMessage, TokenizeRequest, DetokenizeRequest)
+                                   ChatMessage, TokenizeRequest, DetokenizeRequest, ResponseFormat,
+                                   JsonSchemaFormat, StructuredOutputsRequest) | {"schema", "json"}
 
 
 # ---- responses --------------------------------------------------------------------------------

@@ -39,6 +39,11 @@ from vlite.engine import (
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState
+from vlite.entrypoints.structured_outputs import (
+    REMOVED_GUIDED_FIELDS,
+    compile_constraint,
+    structured_outputs_params,
+)
 
 logger = logging.getLogger("vlite.server")
 
@@ -81,8 +86,10 @@ def served_model(state: ServerState, model: str | None) -> str:
 
 
 def warn_ignored_fields(req: BaseModel) -> None:
-    if req.model_extra:  # ascii(): a field name may hold anything, a lone surrogate included
-        logger.warning("ignored unknown request fields: %s", ", ".join(ascii(k) for k in sorted(req.model_extra)))
+    # vLLM's removed guided_* fields are not ignored: they get a 400 (structured_outputs_params)
+    ignored = sorted(k for k in req.model_extra or () if k not in REMOVED_GUIDED_FIELDS)
+    if ignored:  # ascii(): a field name may hold anything, a lone surrogate included
+        logger.warning("ignored unknown request fields: %s", ", ".join(ascii(k) for k in ignored))
 
 
 # vLLM's OpenAI layer reports log-probabilities as max(logprob, -9999.0): JSON has no -inf.
@@ -177,13 +184,19 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
 
     ``n`` choices become ``SamplingParams(n=n)``: one engine request whose samples fork from
     the prompt. ``use_beam_search`` (vLLM's older API field) becomes beam search with width
-    ``best_of`` (default ``n``), see ``beam_search_params``.
+    ``best_of`` (default ``n``), see ``beam_search_params``. ``response_format`` /
+    ``structured_outputs`` become ``SamplingParams.structured_outputs``
+    (``vlite.entrypoints.structured_outputs``; not with beam search).
 
     Raises:
         APIError: 400 for a value out of range or an unsupported option.
     """
     check_n(req.n)
+    structured = structured_outputs_params(req)
     if req.use_beam_search:
+        if structured is not None:
+            raise APIError(400, "beam search does not support structured outputs (response_format / "
+                           "structured_outputs)", param="use_beam_search")
         return beam_search_params(req, max_tokens, logprobs, prompt_logprobs)
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of other than n is only supported with use_beam_search", param="best_of")
@@ -199,7 +212,8 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
             seed=req.seed, stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos, n=req.n, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
-            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words or None)
+            allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words or None,
+            structured_outputs=structured)
     except ValueError as exc:
         message = str(exc)
         raise APIError(400, message, param=message.split(" ", 1)[0]) from None
@@ -427,7 +441,8 @@ class OpenAIServing(ABC):
     1. warn about unknown fields; resolve ``model`` (404 for one not served);
     2. ``check()``: the route's refusals and limits, before any tokenizing (400);
     3. ``render()`` in the tokenizer threads (``off_loop``): the prompt(s) as token ids;
-    4. ``params(prompts)``: the SamplingParams of every prompt's engine request;
+    4. ``params(prompts)``: the SamplingParams of every prompt's engine request; a structured
+       output constraint is compiled now, in the tokenizer threads (400 if invalid);
     5. one engine request per prompt, its ``n`` choices the sequences of that request
        (``add_to_engine``: 400 if the engine rejects it, 503 while shutting down);
     6. ``stream: true``: SSE chunks, one choice each (``opening_choices()`` first, then
@@ -501,6 +516,8 @@ class OpenAIServing(ABC):
         self.check()
         prompts = await off_loop(self.state, self.render)
         params = self.params(prompts)
+        if params.structured_outputs is not None:  # a bad schema / regex / grammar is a 400 now
+            await compile_constraint(self.state, self.req, params.structured_outputs)
         info = RequestInfo.from_request(self.request)
         group = await add_to_engine(self.state, [
             EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)
