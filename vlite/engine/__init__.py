@@ -38,6 +38,7 @@ from vlite.engine.sampling_params import (
     SamplingParams,
 )
 from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
+from vlite.engine.structured_output_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
@@ -115,6 +116,7 @@ __all__ = [
     "SamplingParams",
     "SchedulerConfig",
     "SequenceStatus",
+    "StructuredOutputsParams",
     "load_checkpoint",
     "resolve_model",
 ]

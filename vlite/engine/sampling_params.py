@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from vlite.engine.structured_output import StructuredOutputsParams
+from vlite.engine.structured_output_params import StructuredOutputsParams
 
 # Documented bounds (docs/serve.md), shared by the engine and the OpenAI server's request schema.
 # Outside them the arithmetic either overflows float32 (logits / 1e-300 is inf, then NaN) or the

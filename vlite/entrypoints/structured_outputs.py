@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vlite.engine.structured_output import StructuredOutputsParams
+from vlite.engine import StructuredOutputsParams
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest
 from vlite.entrypoints.state import ServerState
