@@ -162,6 +162,26 @@ def test_invalid_constraints_are_400_before_queueing(server, http):
     assert "ignored unknown request fields: 'guided" not in server.log()  # refused, not "ignored"
 
 
+def test_contradicting_constraints_are_a_400_not_a_500(server, http):
+    # The grammar allows only "d"; bad_words bans it: no token is left at the first step. That is
+    # the client's contradiction (a 400, an error event when streaming), and nothing stays behind.
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 0,
+            "structured_outputs": {"choice": ["d"]}, "bad_words": ["d"]}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "leave no token that structured output allows" in err["message"]
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as s:
+        events = list(sse_events(s.iter_lines()))
+    errors = [e["error"] for e in events if "error" in e]
+    assert len(errors) == 1 and errors[0]["type"] == "invalid_request_error", events
+    assert "leave no token" in errors[0]["message"]
+    wait_drained(server)
+    assert matchers(http) == 0
+    ok = http.post("/v1/completions", json=body | {"bad_words": []})  # the server keeps serving
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "d"
+
+
 def test_disconnect_mid_stream_leaves_no_matcher(server, http):
     # An array of at least 1000 items cannot close within 900 tokens: both samples stream until
     # the client goes away.

@@ -61,6 +61,7 @@ class OutputProcessor:
         req.num_reported_tokens = primary.num_output_tokens
         return RequestOutput(req.request_id, primary.prompt, primary.prompt_token_ids, completions, finished,
                              req.origin, metrics, error=next((s.error for s in req.seqs if s.error), None),
+                             error_kind=next((s.error_kind for s in req.seqs if s.error), None),
                              stream_holdback=0 if finished else stop_holdback(primary),
                              new_token_ids=new_token_ids, prompt_logprobs=primary.prompt_logprobs)
 

@@ -47,6 +47,10 @@ class RequestOutput:
     origin: RequestOrigin
     metrics: RequestMetrics
     error: str | None = None
+    # Why ``error`` happened: "request" (the request's own parameters contradict each other, e.g.
+    # structured output with allowed_token_ids that exclude every token the grammar allows; a
+    # client error, HTTP 400) or "engine" (anything else, HTTP 500).
+    error_kind: str | None = None
     # Characters at the end of outputs[i].text a stream must hold back (possible stop-string start).
     stream_holdback: int = 0
     new_token_ids: list[int] = field(default_factory=list)

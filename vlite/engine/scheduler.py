@@ -367,7 +367,12 @@ class Scheduler:
         p = seq.sampling_params
         done = seq.num_output_tokens >= p.min_tokens
         if grammar_error is not None:
-            self.finish_sequence(seq, FinishReason.ERROR, error=grammar_error)
+            # The sampler only offers tokens the grammar allows, so a rejection means the
+            # request's other constraints (allowed_token_ids, bad_words, min_tokens) left none.
+            self.finish_sequence(seq, FinishReason.ERROR, error_kind="request", error=(
+                f"the request's constraints leave no token that structured output allows at output token "
+                f"{seq.num_output_tokens}: allowed_token_ids, bad_words or min_tokens exclude every token "
+                f"the grammar accepts next ({grammar_error})"))
         elif done and token in p.stop_token_ids:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=token)
         elif done and not p.ignore_eos and token in seq.eos_token_ids:
@@ -381,7 +386,8 @@ class Scheduler:
 
     # ---- the one exit path ---------------------------------------------------------------
     def finish_sequence(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None,
-                        error: str | None = None, kind: str | None = None) -> None:
+                        error: str | None = None, kind: str | None = None,
+                        error_kind: str | None = None) -> None:
         """End ``seq`` for any reason and release its blocks (the one free path); idempotent.
         Its record gets the final state even when the release raises. ``kind`` overrides
         the coverage name of the finish (e.g. "stop:beam_pruned").
@@ -399,6 +405,7 @@ class Scheduler:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
         seq.error = error
+        seq.error_kind = (error_kind or "engine") if error is not None else None
         seq.finished_time = time.time()
         self.structured_output.free(seq)
         rec = self._record_of(seq)  # before the request may leave ``requests``

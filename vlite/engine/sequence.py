@@ -89,6 +89,8 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
         self.error: str | None = None
+        # "request": the request's own parameters made it fail (an HTTP 400); "engine": anything else.
+        self.error_kind: str | None = None
         self.arrival_time = origin.arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

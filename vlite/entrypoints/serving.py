@@ -282,6 +282,14 @@ async def add_to_engine(state: ServerState, requests: list[EngineRequest]) -> Re
         raise APIError(503, str(exc), code="service_unavailable") from None
 
 
+def engine_error(message: str | None, kind: str | None) -> APIError:
+    """The API error of a request the engine ended with an error: 400 when the request's own
+    parameters contradict each other (``RequestOutput.error_kind == "request"``), else 500."""
+    if kind == "request":
+        return APIError(400, message or "the request's parameters contradict each other")
+    return APIError(500, f"the engine failed on this request: {message}")
+
+
 async def collect_final(group: RequestStreamGroup) -> list[RequestOutput]:
     """Wait for every request of ``group`` (one per prompt) to finish; their final outputs in
     prompt order, each with its choices in ``outputs``.
@@ -299,7 +307,7 @@ async def collect_final(group: RequestStreamGroup) -> list[RequestOutput]:
     for out in finals:
         reasons = {c.finish_reason for c in out.outputs}
         if "error" in reasons or out.error:
-            raise APIError(500, f"the engine failed on this request: {out.error}")
+            raise engine_error(out.error, out.error_kind)
         if "abort" in reasons:
             raise APIError(503, "the request was aborted because the server is shutting down",
                            code="service_unavailable")
@@ -347,6 +355,7 @@ class ChoiceDelta:
     first_token: int
     end_token: int
     error: str | None = None
+    error_kind: str | None = None
 
 
 class GroupStreamer:
@@ -378,7 +387,8 @@ class GroupStreamer:
             if out.error or any(c.finish_reason == "error" for c in out.outputs):
                 self.failed[p] = True
                 c = out.outputs[0] if out.outputs else CompletionOutput(0, "", [], finish_reason="error")
-                yield ChoiceDelta(p, out, c, "", 0, 0, 0, error=out.error or "unknown error")
+                yield ChoiceDelta(p, out, c, "", 0, 0, 0, error=out.error or "unknown error",
+                                  error_kind=out.error_kind)
                 continue
             for c in sorted(out.outputs, key=lambda c: c.index):
                 st = self.streamers[p][c.index]
@@ -543,7 +553,7 @@ class OpenAIServing(ABC):
         try:
             async for d in deltas:
                 if d.error is not None:
-                    yield APIError(500, f"the engine failed on this request: {d.error}").sse()
+                    yield engine_error(d.error, d.error_kind).sse()
                     continue
                 yield sse(self.chunk([self.stream_choice(d)]))
         except RuntimeError as exc:  # the engine loop failed this request
