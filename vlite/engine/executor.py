@@ -220,6 +220,8 @@ class DistributedExecutor(Executor):
         self.collective_rpc("initialize_kv_cache", num_blocks, block_size, max_num_seqs, enforce_eager)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        if self.failure is not None:
+            raise self.failure
         try:
             step = prepare_input(sched, sched.block_tables, self.block_size, self.faults)
         except SequenceError:

@@ -152,13 +152,6 @@ class Worker:
             out["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.runner.device)
         return out
 
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def _watch_parent(parent_pid: int) -> None:
     """Exit this process as soon as its parent is gone (re-parented to another pid)."""
     while True:
@@ -185,23 +178,23 @@ def worker_main(spec: WorkerSpec, rank: int, conn, parent_pid: int) -> None:
             conn.send(("error", rank, _one_line(exc)))
         finally:
             return
-    try:
-        while True:
-            try:
-                method, args = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            if method == "shutdown":
-                break
-            try:
-                result = getattr(worker, method)(*args)
-            except Exception as exc:  # noqa: BLE001 - the engine decides; this rank stays up
-                logger.exception("rank %d: %s failed", rank, method)
-                conn.send(("error", rank, _one_line(exc)))
-            else:
-                conn.send(("ok", result))
-    finally:
-        worker.shutdown()
+    while True:
+        try:
+            method, args = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break  # the engine is gone
+        if method == "shutdown":
+            break
+        try:
+            result = getattr(worker, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - the engine decides; this rank stays up
+            logger.exception("rank %d: %s failed", rank, method)
+            conn.send(("error", rank, _one_line(exc)))
+        else:
+            conn.send(("ok", result))
+    # No destroy_process_group: with a peer gone it can block (holding the GIL, so the parent
+    # watchdog could not run either). Exiting closes this rank's sockets.
+    os._exit(0)
 
 
 __all__ = ["Worker", "WorkerSpec", "worker_main"]
