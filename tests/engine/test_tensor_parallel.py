@@ -230,3 +230,11 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny4_checkpoint, tmp_pa
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_ray_backend_without_ray_is_a_one_line_error(tiny4_checkpoint, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, installed or not
+    with pytest.raises(ExecutorStartupError) as err:
+        make_engine(tiny4_checkpoint, tensor_parallel_size=2, distributed_executor_backend="ray")
+    assert str(err.value) == ("distributed_executor_backend 'ray' needs Ray, which is an optional extra: "
+                              "pip install 'vlite[ray]' (or use the default backend 'mp' on one host)")

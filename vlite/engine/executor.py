@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from multiprocessing import connection
 from typing import Any
 
+import numpy as np
 import torch
 
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig, EngineConfig
@@ -230,7 +231,8 @@ class DistributedExecutor(Executor):
             raise
         step.blocks_to_copy = list(sched.blocks_to_copy)
         results = self.collective_rpc("execute_model", step)
-        logits = None if results[0] is None else torch.from_numpy(results[0])
+        # a writable copy when the transport hands back a read-only buffer (Ray's object store)
+        logits = None if results[0] is None else torch.from_numpy(np.require(results[0], requirements="W"))
         return sample_step(sched, logits, self.generator)
 
     def memory(self) -> list[dict]:
