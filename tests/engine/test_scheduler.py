@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlite.engine.block_manager import BlockManager
-from vlite.engine.config import SchedulerConfig
+from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import Scheduler, SchedulerOutput
 from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
@@ -20,8 +19,8 @@ BLOCK = 4
 
 def make_scheduler(num_blocks: int = 32, budget: int = 64, max_num_seqs: int = 8,
                    prefix_caching: bool = False) -> Scheduler:
-    bm = BlockManager(num_blocks, BLOCK, enable_prefix_caching=prefix_caching)
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs), bm)
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs),
+                     CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching), num_blocks)
 
 
 def make_seq(request_id: str, prompt: list[int], max_tokens: int = 8) -> Sequence:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vlite.engine.block_manager import BlockManager
-from vlite.engine.config import SchedulerConfig
+from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.model_runner import StepResult
 from vlite.engine.request import Request
 from vlite.engine.sampler import SamplerOutput
@@ -21,8 +20,8 @@ VOCAB = 16
 
 
 def make_scheduler(num_blocks: int = 32) -> Scheduler:
-    bm = BlockManager(num_blocks, BLOCK)
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8), bm, max_model_len=128,
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8),
+                     CacheConfig(block_size=BLOCK, enable_prefix_caching=False), num_blocks, max_model_len=128,
                      generator=torch.Generator().manual_seed(0))
 
 

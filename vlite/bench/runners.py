@@ -1,6 +1,6 @@
 """Offline runners: the same requests through vlite's engine and through transformers.
 
-Every runner returns a :class:`RunResult`: wall time of the generation alone (model loading
+Every runner returns a :class:`GenerationRun`: wall time of the generation alone (model loading
 and warm-up excluded) and the generated token ids per request, so callers can compute
 throughput and compare outputs token by token.
 
@@ -27,7 +27,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
-class RunResult:
+class GenerationRun:
     """elapsed_s: wall seconds of generation. token_ids: generated ids per request, in request order."""
 
     backend: str
@@ -59,13 +59,13 @@ def progress_bar(enabled: bool = True):
 
 
 def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True, temperature: float = 0.0,
-              warmup: bool = True) -> RunResult:
+              warmup: bool = True) -> GenerationRun:
     """All requests through ``engine.generate`` (continuous batching), greedy unless ``temperature`` > 0.
 
     Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
     batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
     """
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import SamplingParams
 
     if warmup:
         engine.generate([r.prompt_token_ids[:16] for r in requests[:2]],
@@ -75,7 +75,7 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
     start = time.perf_counter()
     outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress)
     elapsed = time.perf_counter() - start
-    return RunResult("vlite", elapsed, [list(o.outputs[0].token_ids) for o in outs])
+    return GenerationRun("vlite", elapsed, [list(o.outputs[0].token_ids) for o in outs])
 
 
 def load_hf_model(model_path: str, dtype: str = "float32"):
@@ -87,7 +87,7 @@ def load_hf_model(model_path: str, dtype: str = "float32"):
 
 @torch.inference_mode()
 def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_batch_size: int = 64,
-                  show_progress: bool = True) -> RunResult:
+                  show_progress: bool = True) -> GenerationRun:
     """Left-padded static batches of at most ``max_batch_size`` requests, in request order."""
     progress = progress_bar(show_progress)
     token_ids: list[list[int]] = []
@@ -108,12 +108,12 @@ def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_b
             for i, r in enumerate(batch):
                 token_ids.append(out[i, width:width + r.expected_output_len].tolist())
             progress.advance(task, len(batch))
-    return RunResult("hf-static", time.perf_counter() - start, token_ids)
+    return GenerationRun("hf-static", time.perf_counter() - start, token_ids)
 
 
 @torch.inference_mode()
 def run_hf_continuous(model, requests: list[SampleRequest], show_progress: bool = True,
-                      timeout_s: float = 3600.0) -> RunResult:
+                      timeout_s: float = 3600.0) -> GenerationRun:
     """transformers' continuous batching, each request with its own ``max_new_tokens``.
 
     Raises:
@@ -152,7 +152,7 @@ def run_hf_continuous(model, requests: list[SampleRequest], show_progress: bool 
                     results[out.request_id] = list(out.generated_tokens)
                     progress.advance(task)
         elapsed = time.perf_counter() - start
-    return RunResult("hf-continuous", elapsed, [results[f"r{i}"] for i in range(len(requests))])
+    return GenerationRun("hf-continuous", elapsed, [results[f"r{i}"] for i in range(len(requests))])
 
 
 def token_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:

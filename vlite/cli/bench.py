@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from vlite.cli import common
+from vlite.engine import EngineArgs
 
 app = typer.Typer(help="Benchmarks with vLLM's metrics (throughput, latency, serving).", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -74,11 +75,8 @@ def load_requests(tokenizer, dataset_name: str, dataset_path: Path | None, num_p
     common.fail(f"--dataset-name must be random, sharegpt or prefix-repetition, got {dataset_name!r}")
 
 
-def _engine(model, dtype, num_blocks, kv_bytes, max_num_seqs, max_batched, max_model_len, seed, enable_ledger=True):
-    config = common.build_engine_config(model, num_blocks, 16, kv_bytes, 0.9, max_num_seqs, max_batched,
-                                        max_model_len, dtype, None, seed=seed)
-    config.enable_ledger = enable_ledger
-    return common.load_engine(config)
+def _engine(engine_args: EngineArgs):
+    return common.load_engine(common.create_engine_config(engine_args))
 
 
 def _throughput_line(s: dict) -> str:
@@ -93,8 +91,8 @@ def _write_json(path: Path | None, data: dict) -> None:
 
 
 @app.command("throughput")
+@common.engine_args_options()
 def throughput(
-    model: str = common.ModelOpt,
     backend: str = typer.Option("vlite", "--backend",
                                 help="vlite, or hf: vlite plus transformers' static batch and continuous batching "
                                      "on the same prompts in the same process, with vlite's ratio against each."),
@@ -110,15 +108,10 @@ def throughput(
     suffix_len: int = SuffixLenOpt,
     num_prefixes: int = NumPrefixesOpt,
     seed: int = SeedOpt,
-    dtype: str = common.DtypeOpt,
     hf_max_batch_size: int | None = typer.Option(None, "--hf-max-batch-size", min=1,
                                                  help="Static batch size of the hf baseline (default: all prompts)."),
     hf_modes: str = typer.Option("static,continuous", "--hf-modes", help="Which hf baselines to run."),
-    max_num_seqs: int = common.MaxSeqsOpt,
-    max_num_batched_tokens: int = common.MaxBatchedOpt,
-    num_blocks: int | None = common.NumBlocksOpt,
-    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
-    max_model_len: int | None = common.MaxModelLenOpt,
+    engine_args: EngineArgs = None,
     disable_ledger: bool = typer.Option(False, "--disable-ledger",
                                         help="Run without the block allocation ledger (to measure its cost)."),
     output_json: Path | None = OutputJsonOpt,
@@ -132,8 +125,9 @@ def throughput(
     modes = [m.strip() for m in hf_modes.split(",") if m.strip()]
     if any(m not in ("static", "continuous") for m in modes):
         common.fail(f"--hf-modes takes static and/or continuous, got {hf_modes!r}")
-    engine = _engine(model, dtype, num_blocks, kv_cache_memory_bytes, max_num_seqs, max_num_batched_tokens,
-                     max_model_len, seed, enable_ledger=not disable_ledger)
+    engine_args.seed, engine_args.enable_ledger = seed, not disable_ledger
+    model, dtype = engine_args.model, engine_args.dtype
+    engine = _engine(engine_args)
     requests = load_requests(engine.tokenizer, dataset_name, dataset_path, num_prompts, input_len, output_len or 128,
                              random_range_ratio, input_len_range, output_len_range, prefix_len, suffix_len,
                              num_prefixes, seed, output_len_given=output_len is not None)
@@ -169,7 +163,7 @@ def throughput(
 
 
 def _model_dir(model: str) -> Path:
-    from vlite.engine.loader import ModelNotFoundError, resolve_model
+    from vlite.engine import ModelNotFoundError, resolve_model
 
     try:
         return resolve_model(model).path
@@ -178,19 +172,15 @@ def _model_dir(model: str) -> Path:
 
 
 @app.command("latency")
+@common.engine_args_options()
 def latency(
-    model: str = common.ModelOpt,
     input_len: int = typer.Option(32, "--input-len", min=1, help="Prompt tokens of each request."),
     output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens of each request."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, help="Requests per batch."),
     num_iters_warmup: int = typer.Option(10, "--num-iters-warmup", min=0, help="Untimed iterations first."),
     num_iters: int = typer.Option(30, "--num-iters", min=1, help="Timed iterations."),
     seed: int = SeedOpt,
-    dtype: str = common.DtypeOpt,
-    max_num_seqs: int = common.MaxSeqsOpt,
-    max_num_batched_tokens: int = common.MaxBatchedOpt,
-    num_blocks: int | None = common.NumBlocksOpt,
-    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
+    engine_args: EngineArgs = None,
     output_json: Path | None = OutputJsonOpt,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Rich progress bars."),
 ) -> None:
@@ -198,9 +188,10 @@ def latency(
     import numpy as np
 
     from vlite.bench import datasets, runners
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import SamplingParams
 
-    engine = _engine(model, dtype, num_blocks, kv_cache_memory_bytes, max_num_seqs, max_num_batched_tokens, None, seed)
+    engine_args.seed = seed
+    engine = _engine(engine_args)
     reqs = datasets.random_requests(engine.tokenizer, batch_size, (input_len, input_len), (output_len, output_len),
                                     seed)
     prompts = [r.prompt_token_ids for r in reqs]

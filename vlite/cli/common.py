@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+import typing
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
 
-from vlite.engine.config import DEFAULT_MODEL, CacheConfig, EngineConfig, SchedulerConfig
+from vlite.engine import DEFAULT_MODEL, EngineArgs, EngineConfig
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -21,43 +25,73 @@ err_console = make_console(stderr=True)
 
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m",
                         help="Local HF directory, .gguf file, or the default model's name.")
-NumBlocksOpt = typer.Option(None, "--num-blocks", min=1,
-                            help="Physical KV blocks (default: sized from --kv-cache-memory-bytes on CPU, "
-                                 "--gpu-memory-utilization on CUDA).")
-BlockSizeOpt = typer.Option(16, "--block-size", help="Tokens per KV block (a power of two).")
-KvBytesOpt = typer.Option(None, "--kv-cache-memory-bytes", min=1, help="KV cache byte budget on CPU (default 1 GiB).")
-GpuUtilOpt = typer.Option(0.9, "--gpu-memory-utilization", help="Fraction of GPU memory to use (CUDA).")
-MaxSeqsOpt = typer.Option(128, "--max-num-seqs", min=1, help="Most sequences running at once.")
-MaxBatchedOpt = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Token budget of one step.")
-MaxModelLenOpt = typer.Option(None, "--max-model-len", min=2, help="Longest prompt + output, tokens.")
-DtypeOpt = typer.Option("float32", "--dtype", help="float32 (default), bfloat16, or float16 (CUDA).")
-DeviceOpt = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available).")
-PrefixCachingOpt = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
-                                help="Reuse cached full KV blocks across requests (on by default, as in vLLM).")
 
 
-def build_engine_config(model: str, num_blocks: int | None, block_size: int, kv_cache_memory_bytes: int | None,
-                        gpu_memory_utilization: float, max_num_seqs: int, max_num_batched_tokens: int,
-                        max_model_len: int | None, dtype: str, device: str | None, seed: int = 0,
-                        inject_faults: tuple[str, ...] = (), enable_prefix_caching: bool = True) -> EngineConfig:
-    """Build and validate an EngineConfig; exits with code 2 and a clear message when invalid."""
+def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable], Callable]:
+    """Give a Typer command every ``EngineArgs`` option (vLLM's flag names and defaults).
+
+    The decorated command declares one parameter ``engine_args: EngineArgs``; in the
+    signature Typer sees, that parameter is replaced by one option per ``EngineArgs`` field
+    that has ``flags`` metadata (``--model``, ``--block-size``, ``-tp``, ...), and the command
+    is called with an ``EngineArgs`` built from them. ``--inject-fault`` is added only with
+    ``include_faults``. A field whose name the command declares itself (``generate``'s
+    per-request ``--seed``, ``leak-check``'s workload-dependent ``--max-num-batched-tokens``)
+    keeps the command's option, and the command sets that ``EngineArgs`` field itself.
+    Turn the result into a config with ``create_engine_config``.
+    """
+
+    def decorate(func: Callable) -> Callable:
+        sig = inspect.signature(func)
+        hints = typing.get_type_hints(func)
+        own = set(sig.parameters) - {"engine_args"}
+        engine_hints = typing.get_type_hints(EngineArgs)
+        added: list[inspect.Parameter] = []
+        for f in EngineArgs.cli_fields():
+            if f.name in own or (f.name == "inject_faults" and not include_faults):
+                continue
+            annotation = engine_hints[f.name]
+            default = f.default
+            if f.name == "inject_faults":
+                annotation, default = list[str], []
+            option = typer.Option(default, *f.metadata["flags"], help=f.metadata["help"])
+            added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                           annotation=annotation))
+        names = [p.name for p in added]
+        params: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name == "engine_args":
+                params += added
+            else:
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY))
+        if "engine_args" not in sig.parameters:
+            raise TypeError(f"{func.__name__} must declare an 'engine_args: EngineArgs' parameter")
+
+        @functools.wraps(func)
+        def command(**kwargs):
+            values = {n: kwargs.pop(n) for n in names}
+            if "inject_faults" in values:
+                values["inject_faults"] = tuple(values["inject_faults"] or ())
+            return func(engine_args=EngineArgs(**values), **kwargs)
+
+        del command.__wrapped__  # Typer must read the new signature, not the original one
+        command.__signature__ = sig.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate
+
+
+def create_engine_config(engine_args: EngineArgs) -> EngineConfig:
+    """``engine_args.create_engine_config()``, or exit 2 with its one-line message when invalid."""
     try:
-        return EngineConfig(
-            model=model, dtype=dtype, device=device, seed=seed, inject_faults=tuple(inject_faults),
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
-                              kv_cache_memory_bytes=kv_cache_memory_bytes,
-                              gpu_memory_utilization=gpu_memory_utilization,
-                              enable_prefix_caching=enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                      max_model_len=max_model_len))
+        return engine_args.create_engine_config()
     except ValueError as exc:
         fail(str(exc))
 
 
 def load_engine(config: EngineConfig):
     """Start an LLMEngine, turning load errors into a clear message and exit code 2."""
-    from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import ModelNotFoundError
+    from vlite.engine import LLMEngine, ModelNotFoundError
 
     try:
         with err_console.status(f"Loading {config.model} ..."):

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from vlite.cli import common
+from vlite.engine import EngineArgs
 
 DEFAULT_PROMPTS = [
     "The capital of France is",
@@ -17,11 +18,11 @@ DEFAULT_PROMPTS = [
 ]
 
 
+@common.engine_args_options()
 def generate(
     prompts: list[str] = typer.Argument(None, help="Prompts (default: a few built-in ones)."),
     prompts_file: Path | None = typer.Option(None, "--prompts-file", "-f", exists=True, dir_okay=False,
                                              help="File with one prompt per line."),
-    model: str = common.ModelOpt,
     max_tokens: int = typer.Option(64, "--max-tokens", help="Most output tokens per prompt."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass, (0, 1]."),
@@ -31,22 +32,13 @@ def generate(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Generate past EOS up to --max-tokens."),
     n: int = typer.Option(1, "--n", help="Samples per prompt; they share the prompt's KV blocks."),
     beam_width: int = typer.Option(1, "--beam-width", help="Beam search with this many beams (> 1)."),
-    enable_prefix_caching: bool = common.PrefixCachingOpt,
-    num_blocks: int | None = common.NumBlocksOpt,
-    block_size: int = common.BlockSizeOpt,
-    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
-    max_num_seqs: int = common.MaxSeqsOpt,
-    max_num_batched_tokens: int = common.MaxBatchedOpt,
-    max_model_len: int | None = common.MaxModelLenOpt,
-    dtype: str = common.DtypeOpt,
-    device: str | None = common.DeviceOpt,
+    engine_args: EngineArgs = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per prompt instead of a table."),
 ) -> None:
     """Generate text for PROMPTs (or --prompts-file) with continuous batching."""
     import json
 
-    from vlite.engine.llm_engine import RequestRejectedError
-    from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine import RequestRejectedError, SamplingParams
 
     texts = list(prompts or [])
     if prompts_file is not None:
@@ -58,9 +50,7 @@ def generate(
                                 seed=seed, ignore_eos=ignore_eos, n=n, beam_width=beam_width)
     except ValueError as exc:
         common.fail(str(exc))
-    config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
-                                        max_num_batched_tokens, max_model_len, dtype, device,
-                                        enable_prefix_caching=enable_prefix_caching)
+    config = common.create_engine_config(engine_args)  # --seed above is per request; the engine's stays 0
     engine = common.load_engine(config)
     shown = list(texts)  # the table shows what the user typed, not the templated prompt
     if chat:

@@ -7,6 +7,7 @@ or --from-log: the server never drained, or the log has no idle stretch).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import typer
 from rich.console import Console
 
 from vlite.cli import common
+from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
 
@@ -27,8 +29,8 @@ def _range(text: str, name: str) -> tuple[int, int]:
         common.fail(f"{name} must be MIN:MAX tokens (e.g. 16:64), got {text!r}")
 
 
+@common.engine_args_options(include_faults=True)
 def leak_check(
-    model: str = common.ModelOpt,
     workload: str = typer.Option("all-paths", "--workload", "-w",
                                  help="'all-paths' (every engine path: prefix hits, preemption, n > 1, beam search, "
                                       "EOS/stop finishes), 'synthetic' (plain requests), a JSONL trace (.jsonl), or a "
@@ -49,21 +51,13 @@ def leak_check(
     report: Path | None = typer.Option(None, "--report",  # noqa: B008 (Typer's option style)
                                        help="Write report.json, samples.csv, report.md, PNGs here."),
     scenario: str | None = typer.Option(None, "--scenario", help="Run a fixed scenario by name, or 'all'."),
-    inject_fault: list[str] = typer.Option([], "--inject-fault",  # noqa: B008 (Typer's option style)
-                                           help="Plant a known defect (testing the detector); repeatable."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
     n: int = typer.Option(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks)."),
-    enable_prefix_caching: bool = common.PrefixCachingOpt,
-    num_blocks: int | None = common.NumBlocksOpt,
-    block_size: int = common.BlockSizeOpt,
-    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
-    max_num_seqs: int = common.MaxSeqsOpt,
     max_num_batched_tokens: int | None = typer.Option(
         None, "--max-num-batched-tokens", min=1,
         help="Token budget of one step (default 256 for the all-paths workload, so long prompts are chunked; "
              "else 2048)."),
-    dtype: str = common.DtypeOpt,
-    device: str | None = common.DeviceOpt,
+    engine_args: EngineArgs = None,
     server_kind: str = typer.Option("auto", "--server-kind",
                                     help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp or tgi."),
     blackbox: bool = typer.Option(False, "--blackbox",
@@ -87,9 +81,10 @@ def leak_check(
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
     from vlite.diagnostics.actions import ABORT_MODES
-    from vlite.engine.faults import FAULTS
+    from vlite.engine import FAULTS
 
     console = common.make_console()
+    inject_fault = engine_args.inject_faults
     if abort_mode not in ABORT_MODES:
         common.fail(f"unknown --abort-mode {abort_mode!r}; choose one of: {', '.join(ABORT_MODES)}")
     for f in inject_fault:
@@ -113,12 +108,11 @@ def leak_check(
 
     if max_num_batched_tokens is None:
         max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS if workload == "all-paths" and not scenario else 2048
+    engine_args.max_num_batched_tokens, engine_args.seed = max_num_batched_tokens, seed
     zombie_options = {"threshold_s": zombie_threshold_s, "threshold_steps": zombie_threshold_steps}
 
     if scenario:
-        sys.exit(_run_scenarios(scenario, console, report, model, num_blocks, block_size, kv_cache_memory_bytes,
-                                max_num_seqs, max_num_batched_tokens, dtype, device, seed, tuple(inject_fault),
-                                interval_s, zombie_options))
+        sys.exit(_run_scenarios(scenario, console, report, engine_args, interval_s, zombie_options))
 
     # Five waves: enough troughs for the fit, and few enough drains to keep batches full; at
     # least 16 requests a wave (or all of a small trace), so that a wave can preempt.
@@ -158,12 +152,10 @@ def leak_check(
         from vlite.diagnostics.all_paths import suggest_num_blocks
         from vlite.diagnostics.run import run_in_process
 
-        if workload == "all-paths" and num_blocks is None and kv_cache_memory_bytes is None:
-            num_blocks = suggest_num_blocks(specs, every, block_size)  # small enough to preempt
-        config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, 0.9, max_num_seqs,
-                                            max_num_batched_tokens, None, dtype, device, seed=seed,
-                                            inject_faults=tuple(inject_fault),
-                                            enable_prefix_caching=enable_prefix_caching)
+        if workload == "all-paths" and engine_args.num_blocks is None and engine_args.kv_cache_memory_bytes is None:
+            # small enough to preempt
+            engine_args.num_blocks = suggest_num_blocks(specs, every, engine_args.block_size)
+        config = common.create_engine_config(engine_args)
         engine = common.load_engine(config)
         console.print(f"leak-check: {len(specs)} requests on {engine.model_name} ({engine.device.type}), "
                       f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
@@ -235,18 +227,18 @@ def _finish(run, console: Console, report: Path | None) -> None:
         console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv, *.png)", highlight=False)
 
 
-def _run_scenarios(name, console, report, model, num_blocks, block_size, kv_bytes, max_num_seqs, max_batched, dtype,
-                   device, seed, faults, interval_s, zombie_options=None) -> int:
+def _run_scenarios(name, console, report, engine_args: EngineArgs, interval_s, zombie_options=None) -> int:
     from rich.table import Table
 
     from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
-    from vlite.engine.loader import ModelNotFoundError, load_checkpoint
+    from vlite.engine import ModelNotFoundError, load_checkpoint
 
     if name != "all" and name not in SCENARIOS:
         common.fail(f"unknown --scenario {name!r}; choose 'all' or one of: {', '.join(SCENARIOS)}")
     chosen = list(SCENARIOS.values()) if name == "all" else [SCENARIOS[name]]
-    config = common.build_engine_config(model, num_blocks, block_size, kv_bytes, 0.9, max_num_seqs, max_batched, None,
-                                        dtype, device, seed=seed)
+    # Each scenario plants the faults itself (run_scenario), so the config carries none.
+    faults, model = engine_args.inject_faults, engine_args.model
+    config = common.create_engine_config(dataclasses.replace(engine_args, inject_faults=()))
     try:
         with common.err_console.status(f"Loading {model} ..."):
             ckpt = load_checkpoint(model)

@@ -17,40 +17,28 @@ import typer
 import uvicorn
 
 from vlite.cli import common
+from vlite.engine import EngineArgs
 from vlite.entrypoints.http_protocol import DEFAULT_HEADER_READ_TIMEOUT_S
 from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
 DEFAULT_LIMIT_CONCURRENCY = 1024
 
 ServedNameOpt = typer.Option(None, "--served-model-name", help="Name(s) clients use in 'model' (default: the model's).")
-InjectFaultOpt = typer.Option(None, "--inject-fault",
-                              help="Plant a known defect (repeatable; for leak-check self-tests).")
 
 
+@common.engine_args_options(include_faults=True)
 def serve(
-    model: str = common.ModelOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to bind."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="VLITE_API_KEY",
                                        help="Require 'Authorization: Bearer KEY' on every route but /health."),
     served_model_name: list[str] = ServedNameOpt,
-    num_blocks: int | None = common.NumBlocksOpt,
-    block_size: int = common.BlockSizeOpt,
-    kv_cache_memory_bytes: int | None = common.KvBytesOpt,
-    gpu_memory_utilization: float = common.GpuUtilOpt,
-    max_num_seqs: int = common.MaxSeqsOpt,
-    enable_prefix_caching: bool = common.PrefixCachingOpt,
-    max_num_batched_tokens: int = common.MaxBatchedOpt,
-    max_model_len: int | None = common.MaxModelLenOpt,
-    dtype: str = common.DtypeOpt,
-    device: str | None = common.DeviceOpt,
-    seed: int = typer.Option(0, "--seed", help="Engine seed (requests without a seed sample from it)."),
+    engine_args: EngineArgs = None,
     log_stats: bool = typer.Option(False, "--log-stats", help="Log throughput, queue and KV-cache stats."),
     log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.1,
                                              help="Seconds between --log-stats lines."),
     enable_debug_endpoints: bool = typer.Option(False, "--enable-debug-endpoints",
                                                 help="Serve GET /debug/blocks (block manager state)."),
-    inject_fault: list[str] = InjectFaultOpt,
     max_request_body_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", min=1,
                                                help="Larger request bodies get 413."),
     max_n: int = typer.Option(DEFAULT_MAX_N, "--max-n", min=1,
@@ -67,24 +55,16 @@ def serve(
                                           help="uvicorn's log level (debug, info, warning, error)."),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
-    from vlite.engine.faults import FaultSet
-    from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL_ALIASES
+    from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine
     from vlite.entrypoints.api_server import create_app
     from vlite.entrypoints.http_protocol import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
 
-    faults = tuple(inject_fault or ())
-    try:
-        FaultSet(faults)
-    except ValueError as exc:
-        common.fail(str(exc))
+    config = common.create_engine_config(engine_args)
+    faults, model = config.inject_faults, config.model
     if not Path(model).exists() and model.lower() not in DEFAULT_MODEL_ALIASES:
         common.fail(f"model {model!r} is neither a local directory or .gguf file nor the default model "
                     f"{common.DEFAULT_MODEL}")
-    config = common.build_engine_config(model, num_blocks, block_size, kv_cache_memory_bytes, gpu_memory_utilization,
-                                        max_num_seqs, max_num_batched_tokens, max_model_len, dtype, device, seed,
-                                        inject_faults=faults, enable_prefix_caching=enable_prefix_caching)
     _check_can_listen(host, port)
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                               enable_debug_endpoints=enable_debug_endpoints,

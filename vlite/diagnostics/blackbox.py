@@ -38,7 +38,7 @@ from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.detect import Trend, trough_trend
 from vlite.diagnostics.http_target import TargetError, _one, _wait_ready
 from vlite.diagnostics.samplers import Sampler
-from vlite.diagnostics.targets.adapters import Adapter, ServerState, UnknownServerError, detect_kind
+from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
 from vlite.diagnostics.workload import RequestSpec
@@ -70,7 +70,7 @@ class Connection:
     body: dict
     client: httpx.Client
 
-    def state(self) -> ServerState:
+    def state(self) -> MetricsReading:
         """Scrape ``/metrics`` once and map it through the adapter.
 
         Raises:
@@ -252,12 +252,12 @@ class _Driver:
         self._probe_no = 0
         self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
 
-    async def read(self, client: httpx.AsyncClient) -> ServerState:
+    async def read(self, client: httpx.AsyncClient) -> MetricsReading:
         r = await client.get(f"{self.conn.base}/metrics", headers=self.conn.headers)
         r.raise_for_status()
         return self.conn.adapter.read(parse_page(r.text))
 
-    async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float | None = None) -> ServerState | None:
+    async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float | None = None) -> MetricsReading | None:
         """The state once running == waiting == 0 for IDLE_SCRAPES scrapes in a row; None on timeout."""
         deadline, quiet = time.monotonic() + (timeout_s or self.drain_timeout_s), 0
         while time.monotonic() < deadline:
@@ -290,8 +290,8 @@ class _Driver:
         except TimeoutError:
             return False
 
-    async def probe(self, client: httpx.AsyncClient, wave: str, before: ServerState | None = None
-                    ) -> ServerState | None:
+    async def probe(self, client: httpx.AsyncClient, wave: str, before: MetricsReading | None = None
+                    ) -> MetricsReading | None:
         """A 1-token request (forces an engine step), then idle again; the state after it."""
         before = before or await self.wait_idle(client)
         if before is None:
@@ -312,7 +312,7 @@ class _Driver:
                             "kv_used_before": before.kv_used, "kv_used_after": after.kv_used if after else None})
         return after
 
-    async def idle_point(self, client: httpx.AsyncClient, wave: str) -> ServerState | None:
+    async def idle_point(self, client: httpx.AsyncClient, wave: str) -> MetricsReading | None:
         """Drain, probe, and return the confirmed idle state (None: never drained in time)."""
         idle = await self.wait_idle(client)
         if idle is None:

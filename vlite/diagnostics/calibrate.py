@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from vlite.diagnostics.workload import RequestSpec
+from vlite.engine import EngineClient
 
 # A greedy run: (spec, max_tokens) -> (output token ids, text of the first i tokens for i in 0..n).
 GreedyFn = Callable[[list[tuple[RequestSpec, int]]], list[tuple[list[int], list[str]]]]
@@ -60,11 +61,11 @@ def calibrate(specs: list[RequestSpec], greedy: GreedyFn) -> list[RequestSpec]:
     return out
 
 
-def engine_greedy(engine) -> GreedyFn:
-    """Greedy runs on an in-process LLMEngine (chat prompts rendered as the client renders them)."""
+def engine_greedy(engine: EngineClient) -> GreedyFn:
+    """Greedy runs on an in-process engine, driven through ``EngineClient`` only (chat prompts
+    rendered as the client renders them)."""
     from vlite.diagnostics.client import render_prompt
-    from vlite.engine.sampling_params import SamplingParams
-    from vlite.engine.sequence import RequestOrigin
+    from vlite.engine import RequestOrigin, SamplingParams
 
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:
         ids_by_req: dict[str, list[int]] = {}

@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.workload import RequestSpec
-from vlite.engine.introspection import EngineView
-from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
+from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
 
 ROUTE = "leak-check"
 
@@ -94,8 +92,10 @@ class InProcessClient:
             scheduler preempts forever); those requests end with outcome "stalled".
     """
 
-    def __init__(self, engine, probe: Callable[[], tuple[int, int | None]], stall_steps: int = 300) -> None:
+    def __init__(self, engine: EngineClient, probe: Callable[[], tuple[int, int | None]], stall_steps: int = 300,
+                 view: EngineView | None = None) -> None:
         self.engine = engine
+        self.view = view or EngineView(engine)
         self.probe = probe
         self.stall_steps = stall_steps
         self._quiet_steps = 0
@@ -167,7 +167,7 @@ class InProcessClient:
                                 else "and it did not drain"))
 
     def _give_up(self, out: ReplayResult, inflight, results, done) -> None:
-        s = self.engine.stats()
+        s = self.view.stats()
         if not inflight:  # sequences no client waits for never end: count the wave as over
             out.notes.append(f"the engine never went idle: {s.num_running} running, {s.num_waiting} waiting "
                              f"after {self._quiet_steps} steps without output, with no request in flight")
@@ -188,7 +188,7 @@ class InProcessClient:
             out.idle_points.append(IdlePoint(time.time(), completed, used, rss))
 
     def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
-        from vlite.engine.llm_engine import RequestRejectedError
+        from vlite.engine import RequestRejectedError
 
         res.arrival_time = time.time()
         origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)
@@ -201,8 +201,7 @@ class InProcessClient:
         return True
 
     def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
-        view = EngineView(self.engine)
-        res.abort_step, res.tokens_at_abort = view.step, view.request_tokens(rid)
+        res.abort_step, res.tokens_at_abort = self.view.step, self.view.request_tokens(rid)
         res.abort_time = res.end_time = time.time()
         try:
             self.engine.abort(rid)
@@ -219,11 +218,11 @@ class InProcessClient:
                 done(rid)
 
     def _step(self, inflight, results, done) -> None:
-        before = self.engine.stats().generation_tokens_total
+        before = self.view.stats().generation_tokens_total
         outputs = self.engine.step()
         # Progress is a new token or a finished request (not just an output: a leak can make the
         # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
-        progressed = any(o.finished for o in outputs) or self.engine.stats().generation_tokens_total > before
+        progressed = any(o.finished for o in outputs) or self.view.stats().generation_tokens_total > before
         self._quiet_steps = 0 if progressed else self._quiet_steps + 1
         for ro in outputs:
             res = results.get(ro.request_id)
@@ -247,7 +246,7 @@ class InProcessClient:
         for rid, (spec, _) in list(inflight.items()):
             if spec.action.kind not in ("abort-prefill", "abort-preempted", "abort-resumed"):
                 continue
-            p = self.engine.request_progress(rid)
+            p = self.view.request_progress(rid)
             if p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
                 self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s), "
                                                f"status {p['status']}")

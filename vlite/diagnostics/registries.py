@@ -8,7 +8,7 @@ it happens to be empty at the end.
 
 from __future__ import annotations
 
-from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES
+from vlite.engine import ASYNC_REGISTRIES, HISTORIES, REGISTRIES
 
 
 def registry_check(registries: dict[str, int], histories: dict[str, dict], num_cached_blocks: int) -> dict:

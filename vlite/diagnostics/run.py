@@ -14,8 +14,9 @@ import pandas as pd
 from vlite.diagnostics import snapshot
 from vlite.diagnostics.client import InProcessClient, ReplayResult
 from vlite.diagnostics.detect import Findings, detect
-from vlite.diagnostics.samplers import MemoryProbe, Sampler, engine_block_stats
+from vlite.diagnostics.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload import RequestSpec
+from vlite.engine import EngineClient
 
 
 @dataclass
@@ -28,45 +29,47 @@ class RunResult:
     info: dict = field(default_factory=dict)
 
 
-def run_in_process(engine, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
+def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
                    sample_interval_s: float = 0.1, info: dict | None = None,
                    zombie_options: dict | None = None) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
 
-    Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
+    The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
+    and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
     coverage counts are taken from after the calibration.
     """
     from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
     from vlite.diagnostics.registries import sizes_source
-    from vlite.engine.introspection import EngineView
+    from vlite.engine import EngineView
 
     view = EngineView(engine)
     if needs_calibration(specs):
         specs = calibrate(specs, engine_greedy(engine))
     coverage_before = view.coverage().to_dict()
-    memory = MemoryProbe(in_process_cuda=engine.device.type == "cuda")
-    blocks, regs = engine_block_stats(engine), sizes_source(view)
+    facts = view.info()
+    memory = MemoryProbe(in_process_cuda=facts.device == "cuda")
+    blocks, regs = view_block_stats(view), sizes_source(view)
     sampler = Sampler(lambda: blocks() | regs(), memory, sample_interval_s).start()
 
     def probe() -> tuple[int, int | None]:
-        return engine.stats().num_used_blocks, memory.read().get("rss_bytes")
+        return view.stats().num_used_blocks, memory.read().get("rss_bytes")
 
     t0 = time.time()
     try:
-        replay = InProcessClient(engine, probe).replay(specs, max_concurrency, idle_every)
+        replay = InProcessClient(engine, probe, view=view).replay(specs, max_concurrency, idle_every)
     finally:
         sampler.stop()
     sampler.sample()  # the drained state, after the last step
-    snap = snapshot.from_engine(engine)
+    snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
     findings.notes.extend(replay.notes)
     if memory.note:
         findings.notes.append(memory.note)
-    facts = {"target": "in-process", "model": engine.model_name, "device": engine.device.type,
-             "num_total_blocks": snap.num_total_blocks, "block_size": engine.block_size,
-             "bytes_per_block": engine.bytes_per_block, "num_requests": len(specs),
-             "num_preemptions_total": engine.stats().num_preemptions_total, "gpu_source": memory.gpu_source,
-             "inject_faults": list(engine.config.inject_faults), "replay_s": round(time.time() - t0, 2),
-             "sampler_errors": sampler.errors, **(info or {})}
-    return RunResult(findings, sampler.frame(), replay, facts)
+    run_facts = {"target": "in-process", "model": facts.model_name, "device": facts.device,
+                 "num_total_blocks": snap.num_total_blocks, "block_size": facts.block_size,
+                 "bytes_per_block": facts.bytes_per_block, "num_requests": len(specs),
+                 "num_preemptions_total": view.stats().num_preemptions_total, "gpu_source": memory.gpu_source,
+                 "inject_faults": list(facts.inject_faults), "replay_s": round(time.time() - t0, 2),
+                 "sampler_errors": sampler.errors, **(info or {})}
+    return RunResult(findings, sampler.frame(), replay, run_facts)

@@ -28,11 +28,11 @@ BLOCK_COLUMNS = ("num_total_blocks", "num_free_blocks", "num_used_blocks", "num_
                  "num_running", "num_waiting")
 
 
-def engine_block_stats(engine) -> Callable[[], dict]:
-    """A source reading ``engine.stats()`` (block counts in blocks, requests in requests)."""
+def view_block_stats(view) -> Callable[[], dict]:
+    """A source reading an ``EngineView``'s ``stats()`` (block counts in blocks, requests in requests)."""
 
     def read() -> dict:
-        s = engine.stats()
+        s = view.stats()
         return {"num_total_blocks": s.num_total_blocks, "num_free_blocks": s.num_free_blocks,
                 "num_used_blocks": s.num_used_blocks, "num_cached_blocks": s.num_cached_blocks,
                 "num_running": s.num_running, "num_waiting": s.num_waiting,

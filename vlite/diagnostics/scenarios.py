@@ -237,7 +237,7 @@ def run_scenario(scenario: Scenario, checkpoint, base_config, faults: tuple[str,
     """Run one scenario on a fresh engine built from ``base_config`` (an EngineConfig) and a loaded checkpoint."""
     from dataclasses import replace
 
-    from vlite.engine.llm_engine import LLMEngine
+    from vlite.engine import LLMEngine
 
     cache = replace(base_config.cache, num_blocks=scenario.engine.get("num_blocks", base_config.cache.num_blocks or 256))
     sched = replace(base_config.scheduler, **{k: v for k, v in scenario.engine.items() if k != "num_blocks"})

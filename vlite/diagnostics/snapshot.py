@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 
-from vlite.engine.introspection import EngineView
+from vlite.engine import EngineView
 
 
 @dataclass
@@ -55,29 +55,30 @@ def _origin_fields(origin) -> dict:
     return {"client_action": origin.get("client_action"), "client_tag": origin.get("client_tag")}
 
 
-def from_engine(engine) -> Snapshot:
-    """Snapshot an in-process LLMEngine (call it only while the engine is not stepping)."""
-    s = engine.stats()
+def from_view(view: EngineView) -> Snapshot:
+    """Snapshot an in-process engine through its read-only view (call it only while the
+    engine is not stepping)."""
+    s = view.stats()
     ledger = []
-    for r in engine.ledger():
-        rec = engine.request_record(r.seq_id)
+    for r in view.ledger():
+        rec = view.request_record(r.seq_id)
         ledger.append({"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
                        "step": r.step, "age_s": round(r.age_s, 3), **_origin_fields(r.origin), "status": r.status,
                        "finish_reason": r.finish_reason, "num_preemptions": rec.num_preemptions if rec else None})
-    live = engine.live_state()
+    live = view.live_state()
     owners = {}
     for sid in live.get("orphan_block_tables", []):
-        rec = engine.request_record(sid)
+        rec = view.request_record(sid)
         owners[sid] = ({"request_id": rec.origin.request_id, **_origin_fields(rec.origin), "status": rec.status,
                         "finish_reason": rec.finish_reason} if rec else {"request_id": None})
     anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
-                  "step": a.step} for a in engine.ledger_anomalies()]
+                  "step": a.step} for a in view.ledger_anomalies()]
     for a in anomalies:
-        rec = engine.request_record(a["seq_id"])
+        rec = view.request_record(a["seq_id"])
         a.update(_origin_fields(rec.origin if rec else None))
     snap = Snapshot(s.num_total_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks, s.num_running,
-                    s.num_waiting, ledger, anomalies, live, engine.block_tables_view(), engine.ref_counts(), owners)
-    return with_view(snap, EngineView(engine))
+                    s.num_waiting, ledger, anomalies, live, view.block_tables(), view.ref_counts(), owners)
+    return with_view(snap, view)
 
 
 def view_dict(view) -> dict:

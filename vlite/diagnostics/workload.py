@@ -66,7 +66,7 @@ class RequestSpec:
         Raises:
             ValueError: a field out of range (SamplingParams' message names it).
         """
-        from vlite.engine.sampling_params import SamplingParams
+        from vlite.engine import SamplingParams
 
         return SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens, temperature=self.temperature,
                               top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos, n=self.n,

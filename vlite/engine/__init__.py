@@ -1,16 +1,118 @@
-"""The paged inference engine: scheduler, block manager, model runner (vLLM's design)."""
+"""The paged inference engine: scheduler, block manager, model runner (vLLM's design).
 
-from vlite.engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
-from vlite.engine.sampling_params import SamplingParams
+Code outside ``vlite/engine`` (the CLI, the OpenAI server, the diagnostics, the benchmarks)
+imports engine names from here only. Names whose modules load torch or transformers
+(``LLMEngine``, ``AsyncLLMEngine``, ``EngineView``, ...) are imported on first use (PEP 562
+``__getattr__``), so ``import vlite.engine`` and ``vlite --help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.config import (
+    DEFAULT_MODEL,
+    DISTRIBUTED_EXECUTOR_BACKENDS,
+    CacheConfig,
+    EngineConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+from vlite.engine.faults import FAULTS, FaultSet
+from vlite.engine.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
+from vlite.engine.metrics import BlockStats, EngineStats
+from vlite.engine.outputs import CompletionOutput, RequestOutput
+from vlite.engine.protocol import EngineClient
+from vlite.engine.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ABS_LENGTH_PENALTY,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    SamplingParams,
+)
 from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
 
+if TYPE_CHECKING:
+    from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
+    from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
+    from vlite.engine.llm_engine import LLMEngine, RequestRejectedError
+
+# Public name -> the module that defines it, imported on first access (these load torch).
+_LAZY = {
+    "LLMEngine": "vlite.engine.llm_engine",
+    "RequestRejectedError": "vlite.engine.llm_engine",
+    "AsyncLLMEngine": "vlite.engine.async_engine",
+    "EngineNotRunningError": "vlite.engine.async_engine",
+    "EngineRequest": "vlite.engine.async_engine",
+    "RequestStreamGroup": "vlite.engine.async_engine",
+    "EngineView": "vlite.engine.introspection",
+    "EngineInfo": "vlite.engine.introspection",
+    "REGISTRIES": "vlite.engine.introspection",
+    "ASYNC_REGISTRIES": "vlite.engine.introspection",
+    "HISTORIES": "vlite.engine.introspection",
+}
+
+
+def __getattr__(name: str):
+    """PEP 562: import a torch-heavy public name on first use (AttributeError for others)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vlite.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "ASYNC_REGISTRIES",
+    "AsyncLLMEngine",
+    "BlockStats",
     "CacheConfig",
+    "CompletionOutput",
+    "DEFAULT_MODEL",
+    "DEFAULT_MODEL_ALIASES",
+    "DISTRIBUTED_EXECUTOR_BACKENDS",
+    "EngineArgs",
+    "EngineClient",
     "EngineConfig",
+    "EngineNotRunningError",
+    "EngineRequest",
+    "EngineInfo",
+    "EngineStats",
+    "EngineView",
+    "FAULTS",
+    "FaultSet",
     "FinishReason",
+    "HISTORIES",
+    "INT64_MAX",
+    "INT64_MIN",
+    "LLMEngine",
+    "MAX_ABS_LENGTH_PENALTY",
+    "MAX_LOGPROBS",
+    "MAX_REPETITION_PENALTY",
+    "MAX_TEMPERATURE",
+    "MAX_TOP_K",
+    "MIN_REPETITION_PENALTY",
+    "ModelNotFoundError",
     "ParallelConfig",
+    "REGISTRIES",
     "RequestOrigin",
+    "RequestOutput",
+    "RequestRejectedError",
+    "RequestStreamGroup",
     "SamplingParams",
     "SchedulerConfig",
     "SequenceStatus",
+    "load_checkpoint",
+    "resolve_model",
 ]

@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
 from vlite.engine.faults import FaultSet
+from vlite.engine.metrics import BlockStats
 from vlite.engine.sequence import Sequence
 
 
@@ -170,21 +171,6 @@ class BlockLedger:
 
     def __len__(self) -> int:
         return len(self._held)
-
-
-@dataclass(frozen=True)
-class BlockStats:
-    """A snapshot of the block manager's counters (blocks, and the usage fraction 0..1)."""
-
-    num_total_blocks: int
-    num_free_blocks: int      # free and empty
-    num_used_blocks: int      # ref_count > 0 (held by live sequences)
-    num_cached_blocks: int    # free but holding a cached full block (evictable)
-    kv_cache_usage: float     # num_used_blocks / num_total_blocks
-    num_block_tables: int
-    num_ledger_entries: int
-    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_cache_hits: int = 0     # of which found cached
 
 
 class BlockManager:

@@ -18,7 +18,6 @@ import uuid
 import torch
 
 from vlite.engine.beam_search import BeamState
-from vlite.engine.block_manager import BlockManager
 from vlite.engine.config import EngineConfig
 from vlite.engine.executor import Executor, WorkerFailedError, create_executor
 from vlite.engine.faults import FaultSet
@@ -102,10 +101,8 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
-        self.block_manager = BlockManager(num_blocks, cache.block_size, enable_ledger=config.enable_ledger,
-                                          faults=self.faults, enable_prefix_caching=cache.enable_prefix_caching)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.faults,
+        self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
                                    max_model_len=self.max_model_len, generator=self.executor.generator,
                                    detokenize=self.output_processor.detokenize,
                                    finished_history=config.finished_history)
@@ -313,7 +310,7 @@ class LLMEngine:
         return EngineView(self).ledger_anomalies()
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
-        return self.scheduler.request_record(seq_id)
+        return EngineView(self).request_record(seq_id)
 
     def live_state(self) -> dict[str, list]:
         return EngineView(self).live_state()
@@ -323,6 +320,3 @@ class LLMEngine:
 
     def ref_counts(self) -> list[int]:
         return EngineView(self).ref_counts()
-
-    def request_progress(self, request_id: str) -> dict[str, int | str] | None:
-        return EngineView(self).request_progress(request_id)

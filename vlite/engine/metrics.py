@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a type only: metrics never touches the block manager
-    from vlite.engine.block_manager import BlockStats
+
+@dataclass(frozen=True)
+class BlockStats:
+    """A snapshot of the block manager's counters (blocks, and the usage fraction 0..1)."""
+
+    num_total_blocks: int
+    num_free_blocks: int      # free and empty
+    num_used_blocks: int      # ref_count > 0 (held by live sequences)
+    num_cached_blocks: int    # free but holding a cached full block (evictable)
+    kv_cache_usage: float     # num_used_blocks / num_total_blocks
+    num_block_tables: int
+    num_ledger_entries: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0     # of which found cached
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vlite.engine.block_manager import AllocationSite, BlockManager
-from vlite.engine.config import SchedulerConfig
+from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.detokenizer import find_stop_string
 from vlite.engine.faults import FaultSet, PlantedFault
 from vlite.engine.request import Request, RequestRecord
@@ -77,20 +77,27 @@ class Scheduler:
     Args:
         config: token budget, ``max_num_seqs``; ``max_model_len`` (tokens) ends a sequence
             with finish reason "length" (``max_model_len`` argument overrides the config's).
-        block_manager: the KV-cache block manager (only the scheduler talks to it).
+        cache_config: the KV cache's ``block_size`` (tokens) and ``enable_prefix_caching``.
+        num_blocks: physical KV blocks (the model runner sized the cache).
         faults: planted faults for the leak checker's self-test.
+        enable_ledger: record every block allocation (off only to measure its cost).
         generator: the runner's sampling generator (samples the first token of forked children).
         detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
             returns the new text (the output processor's); None = no stop strings checked.
         finished_history: finished sequences whose records are kept for attribution.
     """
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, faults: FaultSet | None = None, *,
-                 max_model_len: int | None = None, generator: torch.Generator | None = None,
-                 detokenize: Callable[[Sequence], str] | None = None, finished_history: int = 10_000):
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
+                 faults: FaultSet | None = None, *, enable_ledger: bool = True, max_model_len: int | None = None,
+                 generator: torch.Generator | None = None, detokenize: Callable[[Sequence], str] | None = None,
+                 finished_history: int = 10_000):
         self.config = config
-        self.block_manager = block_manager
         self.faults = faults or FaultSet()
+        # The scheduler builds and alone talks to the block manager (as vLLM v1's scheduler
+        # builds its KV cache manager); ``EngineView`` only reads it.
+        self.block_manager = BlockManager(num_blocks, cache_config.block_size, enable_ledger=enable_ledger,
+                                          faults=self.faults,
+                                          enable_prefix_caching=cache_config.enable_prefix_caching)
         self.max_model_len = max_model_len or config.max_model_len or 1 << 62
         self.generator = generator
         self.detokenize = detokenize

@@ -6,10 +6,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from vlite.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SequenceStatus(enum.Enum):
@@ -89,6 +91,8 @@ class Sequence:
         # Per-request generator: the same seed gives the same samples in any batch.
         self.generator: torch.Generator | None = None
         if sampling_params.seed is not None:
+            import torch  # torch is loaded by then; importing here keeps `import vlite.engine` light
+
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
         # Detokenizer state (see detokenizer.py).
         self.output_text = ""
@@ -116,6 +120,8 @@ class Sequence:
         child.output_text = self.output_text
         child.prefix_offset, child.read_offset = self.prefix_offset, self.read_offset
         if self.sampling_params.seed is not None:
+            import torch
+
             child.generator = torch.Generator().manual_seed(self.sampling_params.seed + index)
         return child
 

@@ -18,9 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vlite import __version__
-from vlite.engine.async_engine import AsyncLLMEngine
-from vlite.engine.llm_engine import LLMEngine
-from vlite.engine.sampling_params import INT64_MAX, INT64_MIN
+from vlite.engine import INT64_MAX, INT64_MIN, AsyncLLMEngine, LLMEngine
 from vlite.entrypoints.debug import blocks_snapshot
 from vlite.entrypoints.errors import APIError, install_error_handlers
 from vlite.entrypoints.metrics import ServerMetrics

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vlite.engine.llm_engine import LLMEngine
-from vlite.engine.sequence import RequestOrigin
+from vlite.engine import LLMEngine, RequestOrigin
 
 
 def _origin(origin: RequestOrigin | None) -> dict | None:
@@ -38,7 +37,7 @@ def _origin(origin: RequestOrigin | None) -> dict | None:
 def blocks_snapshot(engine: LLMEngine, async_engine=None) -> dict:
     """Build the /debug/blocks document; call it on the engine thread (read-only)."""
     from vlite.diagnostics.snapshot import view_dict
-    from vlite.engine.introspection import EngineView
+    from vlite.engine import EngineView
 
     stats = engine.stats()
     tables = engine.block_tables_view()

@@ -31,7 +31,7 @@ from pydantic import (
     Tag,
 )
 
-from vlite.engine.sampling_params import (
+from vlite.engine import (
     INT64_MAX,
     INT64_MIN,
     MAX_ABS_LENGTH_PENALTY,

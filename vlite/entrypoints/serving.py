@@ -26,11 +26,16 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from vlite.engine.async_engine import EngineNotRunningError, EngineRequest, RequestStreamGroup
-from vlite.engine.llm_engine import RequestRejectedError
-from vlite.engine.outputs import CompletionOutput, RequestOutput
-from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
+from vlite.engine import (
+    CompletionOutput,
+    EngineNotRunningError,
+    EngineRequest,
+    RequestOrigin,
+    RequestOutput,
+    RequestRejectedError,
+    RequestStreamGroup,
+    SamplingParams,
+)
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState

@@ -9,8 +9,7 @@ no choices; the stream ends with ``data: [DONE]``.
 
 from __future__ import annotations
 
-from vlite.engine.outputs import CompletionOutput
-from vlite.engine.sampling_params import SamplingParams
+from vlite.engine import CompletionOutput, SamplingParams
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import (
     ChatChoiceLogprobs,

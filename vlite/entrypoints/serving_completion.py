@@ -10,8 +10,7 @@ the response's choice ``p * n + j``, as in OpenAI's and vLLM's servers. Streamin
 
 from __future__ import annotations
 
-from vlite.engine.outputs import CompletionOutput
-from vlite.engine.sampling_params import SamplingParams
+from vlite.engine import CompletionOutput, SamplingParams
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from vlite.entrypoints.serving import (

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from vlite.engine.async_engine import AsyncLLMEngine
+    from vlite.engine import AsyncLLMEngine
     from vlite.entrypoints.metrics import ServerMetrics
 
 Status = Literal["loading", "ready", "shutting_down", "failed"]

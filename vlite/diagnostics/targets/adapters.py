@@ -2,7 +2,7 @@
 
 Each adapter knows the series one server exports (names read from that project's docs and
 source; the fixtures under ``tests/diagnostics/fixtures/`` are recorded or rebuilt pages) and turns a scrape
-into a ``ServerState``: KV usage as a fraction and, where the server exposes its pool size, in
+into a ``MetricsReading``: KV usage as a fraction and, where the server exposes its pool size, in
 blocks or tokens; running and waiting requests; prefix-cache queries and hits.
 
 | kind | identified by | KV used | pool size | running / waiting |
@@ -30,7 +30,7 @@ class UnknownServerError(ValueError):
 
 
 @dataclass
-class ServerState:
+class MetricsReading:
     """One scrape in the leak checker's terms.
 
     kv_used: KV cache held by requests, in ``unit`` (blocks or tokens), evictable prefix-cache
@@ -82,7 +82,7 @@ class Adapter:
     def matches(self, page: MetricsPage) -> bool:
         return any(page.has(m) for m in self.markers)
 
-    def read(self, page: MetricsPage) -> ServerState:  # pragma: no cover - abstract
+    def read(self, page: MetricsPage) -> MetricsReading:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -94,13 +94,13 @@ class VliteAdapter(Adapter):
              "num_waiting": "vlite:num_requests_waiting", "prefix_cache": "vlite:prefix_cache_queries/hits_total"}
     caveat = "cached (evictable) blocks are counted as free"
 
-    def read(self, page: MetricsPage) -> ServerState:
+    def read(self, page: MetricsPage) -> MetricsReading:
         total = page.total("vlite:num_total_blocks")
         free = page.total("vlite:num_free_blocks")
         if total is None or free is None:
             raise KeyError("vlite:num_total_blocks / vlite:num_free_blocks")
         used = total - free - (page.total("vlite:num_cached_blocks") or 0.0)
-        return ServerState(self.kind, _int(page.total("vlite:num_requests_running")),
+        return MetricsReading(self.kind, _int(page.total("vlite:num_requests_running")),
                            _int(page.total("vlite:num_requests_waiting")), used, total,
                            used / total if total else None, "blocks", None,
                            page.total("vlite:prefix_cache_queries_total"), page.total("vlite:prefix_cache_hits_total"))
@@ -116,7 +116,7 @@ class VllmAdapter(Adapter):
              "prefix_cache": "vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total"}
     caveat = "gauges are updated only when the engine steps: a probe request forces a step"
 
-    def read(self, page: MetricsPage) -> ServerState:
+    def read(self, page: MetricsPage) -> MetricsReading:
         usage_series = page.series("vllm:kv_cache_usage_perc") or page.series("vllm:gpu_cache_usage_perc")
         infos = page.series("vllm:cache_config_info")
         block_size = _label_int(infos[0].labels, "block_size") if infos else None
@@ -140,7 +140,7 @@ class VllmAdapter(Adapter):
         usage = (sum(s.value for s in usage_series) / len(usage_series)) if usage_series else None
         if used is not None and total:
             usage = used / total
-        return ServerState(self.kind, _int(page.total("vllm:num_requests_running")),
+        return MetricsReading(self.kind, _int(page.total("vllm:num_requests_running")),
                            _int(page.total("vllm:num_requests_waiting")),
                            used if used is not None else usage, total, usage,
                            "blocks" if used is not None else "fraction", block_size,
@@ -157,14 +157,14 @@ class SglangAdapter(Adapter):
     caveat = "needs --enable-metrics; idle gauges are refreshed on the scheduler's log interval and can lag"
     gauge_lag_s = 60.0
 
-    def read(self, page: MetricsPage) -> ServerState:
+    def read(self, page: MetricsPage) -> MetricsReading:
         used = page.total("sglang:num_used_tokens")
         total = page.total("sglang:max_total_num_tokens")
         usage = page.first("sglang:token_usage")
         if used is None and usage is not None and total:
             used = usage * total
         unit = "tokens" if used is not None else "fraction"
-        return ServerState(self.kind, _int(page.total("sglang:num_running_reqs")),
+        return MetricsReading(self.kind, _int(page.total("sglang:num_running_reqs")),
                            _int(page.total("sglang:num_queue_reqs")), used if used is not None else usage, total,
                            usage if usage is not None else (used / total if used is not None and total else None),
                            unit, _label_int(page.labels("sglang:cache_config_info"), "page_size"),
@@ -179,12 +179,12 @@ class LlamacppAdapter(Adapter):
              "num_running": "llamacpp:requests_processing", "num_waiting": "llamacpp:requests_deferred"}
     caveat = "needs --metrics; current builds export no KV usage gauge (see /slots): process memory only"
 
-    def read(self, page: MetricsPage) -> ServerState:
+    def read(self, page: MetricsPage) -> MetricsReading:
         tokens = page.total("llamacpp:kv_cache_tokens")
         ratio = page.first("llamacpp:kv_cache_usage_ratio")
         used, unit = ((tokens, "tokens") if tokens is not None else (ratio, "fraction") if ratio is not None
                       else (None, "none"))
-        return ServerState(self.kind, _int(page.total("llamacpp:requests_processing")),
+        return MetricsReading(self.kind, _int(page.total("llamacpp:requests_processing")),
                            _int(page.total("llamacpp:requests_deferred")), used, None, ratio, unit, None,
                            page.total("llamacpp:prompt_tokens_total"), None)
 
@@ -196,9 +196,9 @@ class TgiAdapter(Adapter):
              "num_running": "tgi_batch_current_size", "num_waiting": "tgi_queue_size"}
     caveat = "no pool-size gauge (it is max_batch_total_tokens in GET /info): usage in tokens, no fraction"
 
-    def read(self, page: MetricsPage) -> ServerState:
+    def read(self, page: MetricsPage) -> MetricsReading:
         used = page.total("tgi_batch_current_max_tokens")
-        return ServerState(self.kind, _int(page.total("tgi_batch_current_size")), _int(page.total("tgi_queue_size")),
+        return MetricsReading(self.kind, _int(page.total("tgi_batch_current_size")), _int(page.total("tgi_queue_size")),
                            used, None, None, "tokens" if used is not None else "none", None, None, None)
 
 
