@@ -181,7 +181,9 @@ class AsyncLLMEngine:
         await asyncio.to_thread(self._thread.join, timeout)
         if self._thread.is_alive():
             logger.error("engine loop did not stop within %.0f s", timeout)
-        self.engine.shutdown()  # the tensor-parallel ranks, if any
+        stop_ranks = getattr(self.engine, "shutdown", None)
+        if stop_ranks is not None:
+            stop_ranks()  # the tensor-parallel ranks, if any
 
     # ---- requests (event loop side) ---------------------------------------------------------
     async def add_requests(self, requests: list[EngineRequest]) -> RequestStreamGroup:
