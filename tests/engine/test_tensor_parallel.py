@@ -178,7 +178,7 @@ def test_killed_worker_ends_requests_with_an_error_naming_its_rank(tiny4_checkpo
         assert set(finals) == set(ids)
         for out in finals.values():
             assert out.finished and out.outputs[0].finish_reason == FinishReason.ERROR.value
-        assert "tensor-parallel rank 1" in engine.dead_error and "died" in engine.dead_error
+        assert "tensor-parallel rank 1" in engine.dead_error and "died" in engine.dead_error and "SIGKILL" in engine.dead_error
         assert not engine.has_unfinished_requests()
         assert engine.stats().num_used_blocks == 0
         with pytest.raises(EngineDeadError, match="rank 1"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import socket
 import time
 import weakref
@@ -287,6 +288,27 @@ class MultiprocExecutor(DistributedExecutor):
         self.shutdown()
         return exc
 
+    def _died(self, rank: int) -> str:
+        code = self.procs[rank].exitcode
+        if code is not None and code < 0:
+            try:
+                return f"exit code {code}, {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        return f"exit code {code}"
+
+    def _blame(self, rank: int, detail: str, what: str) -> WorkerFailedError:
+        """Fail the executor, naming the rank that caused it: a rank whose process died (its
+        peers then fail in their collectives too) before one that merely raised."""
+        ended = connection.wait([p.sentinel for p in self.procs], timeout=0.5)  # a death shows up at once
+        for p in self.procs:
+            if p.sentinel in ended:
+                p.join(timeout=2)  # its pipes close before the kernel lets us reap it
+        dead = [r for r, p in enumerate(self.procs) if p.exitcode is not None]
+        if dead:
+            return self._fail(dead[0], f"process died during {what} ({self._died(dead[0])})")
+        return self._fail(rank, detail)
+
     def _collect(self, timeout: float, what: str) -> list[Any]:
         """Wait for one answer from every rank, watching every process's sentinel."""
         results: list[Any] = [None] * len(self.conns)
@@ -306,10 +328,9 @@ class MultiprocExecutor(DistributedExecutor):
                 try:
                     reply = conn.recv()
                 except (EOFError, OSError):
-                    raise self._fail(rank, f"its pipe closed during {what} "
-                                           f"(exit code {self.procs[rank].exitcode})") from None
+                    raise self._blame(rank, "its pipe closed", what) from None
                 if reply[0] == "error":
-                    raise self._fail(reply[1], reply[2])
+                    raise self._blame(reply[1], reply[2], what)
                 results[rank] = reply[1]
                 pending.discard(rank)
             for obj in ready:
@@ -317,8 +338,7 @@ class MultiprocExecutor(DistributedExecutor):
                     rank = by_sentinel[obj]
                     if self.conns[rank].poll():
                         continue  # its answer is waiting: read it on the next pass
-                    self.procs[rank].join(timeout=1)
-                    raise self._fail(rank, f"process died during {what} (exit code {self.procs[rank].exitcode})")
+                    raise self._blame(rank, "its process died", what)
         return results
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
@@ -330,8 +350,7 @@ class MultiprocExecutor(DistributedExecutor):
                 conn.send_bytes(payload)
             except (BrokenPipeError, OSError):
                 self.procs[rank].join(timeout=1)
-                raise self._fail(rank, f"process died before {method} "
-                                       f"(exit code {self.procs[rank].exitcode})") from None
+                raise self._fail(rank, f"process died before {method} ({self._died(rank)})") from None
         return self._collect(CALL_TIMEOUT_S, method)
 
     def shutdown(self) -> None:
