@@ -55,8 +55,8 @@ def main() -> int:
         same = tokens == reference
         ok &= same
         rows.append((backend, n, start_s, gen_s, weights, rss, same))
-    print("| backend | N | start s | 8 prompts x %d tokens, s | weights per rank, MiB | RSS per rank, MiB | tokens = N=1 |"
-          % args.max_tokens)
+    print(f"| backend | N | start s | 8 prompts x {args.max_tokens} tokens, s | weights per rank, MiB "
+          "| RSS per rank, MiB | tokens = N=1 |")
     print("|---|---:|---:|---:|---|---|---|")
     for backend, n, start_s, gen_s, weights, rss, same in rows:
         print(f"| {backend} | {n} | {start_s:.1f} | {gen_s:.1f} | {', '.join(f'{w / 2**20:.1f}' for w in weights)} | "

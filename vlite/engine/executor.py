@@ -108,7 +108,7 @@ class Executor(ABC):
         """PIDs of the worker processes on this host (empty in-process and for remote actors)."""
         return []
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - in-process: nothing to stop
         """Stop every rank (idempotent)."""
 
 
@@ -297,17 +297,31 @@ class MultiprocExecutor(DistributedExecutor):
                 pass
         return f"exit code {code}"
 
-    def _blame(self, rank: int, detail: str, what: str) -> WorkerFailedError:
+    def _blame(self, rank: int, detail: str | None, what: str) -> WorkerFailedError:
         """Fail the executor, naming the rank that caused it: a rank whose process died (its
-        peers then fail in their collectives too) before one that merely raised."""
+        peers then fail in their collectives too) before one that merely raised. ``detail``:
+        the rank's own error message, None when its pipe or process just ended."""
         ended = connection.wait([p.sentinel for p in self.procs], timeout=0.5)  # a death shows up at once
         for p in self.procs:
             if p.sentinel in ended:
                 p.join(timeout=2)  # its pipes close before the kernel lets us reap it
-        dead = [r for r, p in enumerate(self.procs) if p.exitcode is not None]
-        if dead:
-            return self._fail(dead[0], f"process died during {what} ({self._died(dead[0])})")
-        return self._fail(rank, detail)
+        reported = {rank: detail} if detail is not None else {}
+        silent = []  # ranks whose process ended without saying why
+        for r, p in enumerate(self.procs):
+            if p.exitcode is None or r in reported:
+                continue
+            try:
+                reply = self.conns[r].recv() if self.conns[r].poll() else None
+            except (EOFError, OSError):
+                reply = None
+            if reply is not None and reply[0] == "error":
+                reported[reply[1]] = reply[2]
+            else:
+                silent.append(r)
+        if silent:
+            return self._fail(silent[0], f"process died during {what} ({self._died(silent[0])})")
+        first = min(reported) if reported else rank
+        return self._fail(first, reported.get(first) or f"process died during {what} ({self._died(first)})")
 
     def _collect(self, timeout: float, what: str) -> list[Any]:
         """Wait for one answer from every rank, watching every process's sentinel."""
@@ -328,7 +342,7 @@ class MultiprocExecutor(DistributedExecutor):
                 try:
                     reply = conn.recv()
                 except (EOFError, OSError):
-                    raise self._blame(rank, "its pipe closed", what) from None
+                    raise self._blame(rank, None, what) from None
                 if reply[0] == "error":
                     raise self._blame(reply[1], reply[2], what)
                 results[rank] = reply[1]
@@ -338,7 +352,7 @@ class MultiprocExecutor(DistributedExecutor):
                     rank = by_sentinel[obj]
                     if self.conns[rank].poll():
                         continue  # its answer is waiting: read it on the next pass
-                    raise self._blame(rank, "its process died", what)
+                    raise self._blame(rank, None, what)
         return results
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:

@@ -176,8 +176,9 @@ def worker_main(spec: WorkerSpec, rank: int, conn, parent_pid: int) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
         try:
             conn.send(("error", rank, _one_line(exc)))
-        finally:
-            return
+        except OSError:
+            pass
+        os._exit(1)
     while True:
         try:
             method, args = pickle.loads(conn.recv_bytes())
