@@ -412,9 +412,11 @@ def create_executor(config: EngineConfig, checkpoint: LoadedCheckpoint, max_mode
             and parallel.distributed_executor_backend == "mp":
         raise ValueError(f"tensor_parallel_size {parallel.tensor_parallel_size} needs as many GPUs on this host, "
                          f"found {torch.cuda.device_count()}")
+    from vlite.engine.models.llama import rope_tables
+
     spec_args = dict(hf_config=hf, model_path=str(checkpoint.path), model_name=checkpoint.name,
                      max_model_len=max_model_len, device=device.type, dtype=config.dtype, cpu_gemm=config.cpu_gemm,
-                     seed=config.seed)
+                     seed=config.seed, rope=rope_tables(hf, max_model_len))
     if parallel.distributed_executor_backend == "ray":
         from vlite.engine.ray_executor import RayExecutor
 

@@ -135,7 +135,8 @@ def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: to
 
 
 def build_model(checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device,
-                dtype: torch.dtype, tp: TPGroup | None = None) -> LlamaForCausalLM:
+                dtype: torch.dtype, tp: TPGroup | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> LlamaForCausalLM:
     """The checkpoint's weights in a ``LlamaForCausalLM`` on ``device`` in ``dtype``, eval mode
     (rotary tables stay float32). Weights are built on the meta device first: no random init.
     With ``tp`` (tensor parallelism) only this rank's shard is built and read; a checkpoint
@@ -150,7 +151,7 @@ def build_model(checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.
         source = WeightSource.from_files(checkpoint_files(checkpoint.path))
     qkv_bias = any(k.endswith("q_proj.bias") for k in source.names())
     with torch.device("meta"):
-        model = LlamaForCausalLM(checkpoint.config, max_model_len, qkv_bias=qkv_bias, tp=tp)
+        model = LlamaForCausalLM(checkpoint.config, max_model_len, qkv_bias=qkv_bias, tp=tp, rope=rope)
     model = model.to_empty(device="cpu")  # skips random init: every weight comes from the checkpoint
     if model.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -183,13 +184,13 @@ class ModelRunner:
 
     def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
                  *, cpu_gemm: str | None = None, faults: FaultSet | None = None, seed: int = 0,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.device = device
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.faults = faults or FaultSet()
         self.tp = tp or TPGroup()
-        self.model = build_model(checkpoint, max_model_len, device, dtype, self.tp)
+        self.model = build_model(checkpoint, max_model_len, device, dtype, self.tp, rope)
         # bytes of this rank's weights (before oneDNN prepacking, which keeps the same amount)
         self.weight_bytes = sum(t.numel() * t.element_size()
                                 for t in {id(p): p for p in self.model.parameters()}.values())

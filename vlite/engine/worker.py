@@ -42,6 +42,7 @@ class WorkerSpec:
     tp_size: ranks; init_method: torch.distributed rendezvous URL (``tcp://host:port``).
     num_threads: torch intra-op threads of this rank (None: torch's default).
     dist_timeout_s: how long a collective waits for a missing peer before failing, seconds.
+    rope: the rotary tables (``vlite.engine.models.llama.rope_tables``), computed once by the engine.
     """
 
     hf_config: object
@@ -56,6 +57,7 @@ class WorkerSpec:
     init_method: str
     num_threads: int | None = None
     dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S
+    rope: tuple | None = None  # (cos, sin) tables from the engine: no transformers modeling import here
 
 
 def _parse_test_fault() -> tuple[str, int, int] | None:
@@ -106,7 +108,7 @@ class Worker:
         torch.manual_seed(spec.seed)
         try:
             self.runner = ModelRunner(ckpt, spec.max_model_len, device, dtype, cpu_gemm=spec.cpu_gemm, seed=spec.seed,
-                                      tp=TPGroup(rank, spec.tp_size))
+                                      tp=TPGroup(rank, spec.tp_size), rope=spec.rope)
         except Exception as exc:
             raise RuntimeError(f"cannot load its shard of {spec.model_path}: {type(exc).__name__}: {exc}") from exc
         self._calls = 0

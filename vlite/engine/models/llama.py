@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from vlite.engine.models.linear import Linear
 from vlite.engine.models.parallel_layers import (
@@ -29,6 +28,21 @@ from vlite.engine.models.parallel_layers import (
 from vlite.kernels.attention import AttentionMetadata, paged_attention, store_kvcache
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin tables [max_model_len, head_dim] float32 from transformers' own rotary
+    embedding (so rope theta and rope scaling follow the config exactly); sin has its first half
+    negated (see ``apply_rotary``)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # heavy: only here
+
+    with torch.device("cpu"):
+        rotary = LlamaRotaryEmbedding(config)
+        positions = torch.arange(max_model_len)[None, :]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    half = cos.shape[-1] // 2
+    sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+    return cos[0].float().contiguous(), sin_signed.float().contiguous()
 
 
 class RMSNorm(nn.Module):
@@ -126,6 +140,8 @@ class LlamaForCausalLM(nn.Module):
         max_model_len: longest position the rotary table covers, tokens.
         qkv_bias: whether q/k/v projections carry biases (Qwen2: yes).
         tp: this rank's place in the tensor-parallel group (default: one rank, the whole model).
+        rope: ``rope_tables(config, max_model_len)`` computed elsewhere (saves a worker the
+            import of transformers' modeling code, about 200 MB per process).
 
     ``num_kv_heads`` is this rank's KV head count (what its KV cache holds).
 
@@ -135,9 +151,10 @@ class LlamaForCausalLM(nn.Module):
     """
 
     def __init__(self, config: PretrainedConfig, max_model_len: int, qkv_bias: bool = False,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.config = config
+        self._rope = rope  # precomputed ``rope_tables`` (a worker gets them from the engine)
         self.tp = tp = tp or TPGroup()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -158,16 +175,10 @@ class LlamaForCausalLM(nn.Module):
         self.init_rope_tables()
 
     def init_rope_tables(self) -> None:
-        """cos/sin tables [max_model_len, head_dim] float32 from transformers' rotary embedding
-        (so rope theta and rope scaling follow the config exactly). Call again after
+        """Register the cos/sin tables (``rope_tables``) as float32 buffers. Call again after
         materializing a model built on the meta device."""
-        with torch.device("cpu"):
-            rotary = LlamaRotaryEmbedding(self.config)
-            positions = torch.arange(self.max_model_len)[None, :]
-            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
-        half = cos.shape[-1] // 2
-        sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see apply_rotary
-        self.register_buffer("cos_table", cos[0].float(), persistent=False)
+        cos, sin_signed = self._rope if self._rope is not None else rope_tables(self.config, self.max_model_len)
+        self.register_buffer("cos_table", cos.float(), persistent=False)
         self.register_buffer("sin_table", sin_signed.float(), persistent=False)
 
     def prepack_cpu_gemm(self) -> None:
