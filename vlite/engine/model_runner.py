@@ -331,6 +331,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[logits_indices])
         return None if logits is None else logits.cpu()
 
+    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """Run one step in this process: copy-on-write (``sched.blocks_to_copy``), forward over
         all scheduled tokens (through ``sched.block_tables``), then sample where due; with
