@@ -91,9 +91,10 @@ def _tokens(outputs) -> list[list[int]]:
 TP2_ENGINE = dict(num_blocks=64, block_size=4, max_num_batched_tokens=24)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def tp2_engine(tiny4_checkpoint):
-    """One 2-rank engine shared by the tests that leave it healthy (each start costs seconds)."""
+    """One 2-rank engine shared by the tests of ``TestTwoRanks`` (each start costs seconds);
+    stopped when the class ends, so its workers do not add to later tests' memory."""
     engine = make_engine(tiny4_checkpoint, tensor_parallel_size=2, **TP2_ENGINE)
     pids = engine.executor.worker_pids()
     yield engine
@@ -101,38 +102,38 @@ def tp2_engine(tiny4_checkpoint):
     assert _gone(pids)
 
 
-def test_tp2_tiny_llama_equals_one_rank_and_halves_the_weights(tiny4_checkpoint, tp2_engine):
-    params = [GREEDY] * len(TINY_PROMPTS) + [SamplingParams(max_tokens=8, n=3, temperature=0.9, seed=5)]
-    prompts = TINY_PROMPTS + [[11, 12, 13, 14, 15, 16, 17]]  # n = 3 forks: copy-on-write on every rank
-    one = make_engine(tiny4_checkpoint, **TP2_ENGINE)
-    expected = _tokens(one.generate(prompts, params))
-    two = tp2_engine
-    pids = two.executor.worker_pids()
-    assert len(pids) == 2 and os.getpid() not in pids
-    assert _tokens(two.generate(prompts, params)) == expected
-    assert two.stats().num_used_blocks == 0  # every block came back (free or cached)
-    assert two.stats().coverage.copy_on_write > 0  # the forks wrote into shared blocks: copies ran on both ranks
-    # each rank holds about half of the weights (only the norms are replicated)
-    full = one.executor.weight_bytes[0]
-    halves = two.executor.weight_bytes
-    assert all(0.49 * full < b < 0.51 * full for b in halves), (full, halves)
-    # each rank's KV cache holds its 2 of the 4 KV heads: a block costs the same in total
-    assert two.bytes_per_block == one.bytes_per_block
+class TestTwoRanks:
+    def test_tp2_tiny_llama_equals_one_rank_and_halves_the_weights(self, tiny4_checkpoint, tp2_engine):
+        params = [GREEDY] * len(TINY_PROMPTS) + [SamplingParams(max_tokens=8, n=3, temperature=0.9, seed=5)]
+        prompts = TINY_PROMPTS + [[11, 12, 13, 14, 15, 16, 17]]  # n = 3 forks: copy-on-write on every rank
+        one = make_engine(tiny4_checkpoint, **TP2_ENGINE)
+        expected = _tokens(one.generate(prompts, params))
+        two = tp2_engine
+        pids = two.executor.worker_pids()
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert _tokens(two.generate(prompts, params)) == expected
+        assert two.stats().num_used_blocks == 0  # every block came back (free or cached)
+        assert two.stats().coverage.copy_on_write > 0  # forks wrote into shared blocks: copies ran on both ranks
+        # each rank holds about half of the weights (only the norms are replicated)
+        full = one.executor.weight_bytes[0]
+        halves = two.executor.weight_bytes
+        assert all(0.49 * full < b < 0.51 * full for b in halves), (full, halves)
+        # each rank's KV cache holds its 2 of the 4 KV heads: a block costs the same in total
+        assert two.bytes_per_block == one.bytes_per_block
 
+    def test_leak_check_under_tp_is_clean_and_samples_every_worker(self, tp2_engine):
+        from vlite.diagnostics.run import run_in_process
+        from vlite.diagnostics.workload import synthetic_workload
 
-def test_leak_check_under_tp_is_clean_and_samples_every_worker(tp2_engine):
-    from vlite.diagnostics.run import run_in_process
-    from vlite.diagnostics.workload import synthetic_workload
-
-    specs = synthetic_workload(12, input_len=(8, 30), output_len=(4, 10), abort_rate=0.5, abort_mode="mix", seed=3)
-    run = run_in_process(tp2_engine, specs, max_concurrency=8, idle_every=4, sample_interval_s=0.05)
-    assert not run.findings.leak, run.findings.summary()
-    assert run.info["tensor_parallel_size"] == 2
-    assert run.info["worker_pids"] == tp2_engine.executor.worker_pids()
-    samples = run.samples
-    assert (samples["num_processes"] == 3).all()  # the engine process and its 2 workers
-    assert (samples["worker_rss_bytes"] > 50 << 20).all()  # each worker holds torch and its shard
-    assert (samples["rss_bytes"] > samples["worker_rss_bytes"]).all()  # the sum includes the engine process
+        specs = synthetic_workload(12, input_len=(8, 30), output_len=(4, 10), abort_rate=0.5, abort_mode="mix", seed=3)
+        run = run_in_process(tp2_engine, specs, max_concurrency=8, idle_every=4, sample_interval_s=0.05)
+        assert not run.findings.leak, run.findings.summary()
+        assert run.info["tensor_parallel_size"] == 2
+        assert run.info["worker_pids"] == tp2_engine.executor.worker_pids()
+        samples = run.samples
+        assert (samples["num_processes"] == 3).all()  # the engine process and its 2 workers
+        assert (samples["worker_rss_bytes"] > 50 << 20).all()  # each worker holds torch and its shard
+        assert (samples["rss_bytes"] > samples["worker_rss_bytes"]).all()  # the sum includes the engine process
 
 
 def test_tp3_smollm2_equals_one_rank_with_preemption_and_chunked_prefill(smollm2_checkpoint):
