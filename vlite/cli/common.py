@@ -42,6 +42,8 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
 
     def decorate(func: Callable) -> Callable:
         sig = inspect.signature(func)
+        if "engine_args" not in sig.parameters:
+            raise TypeError(f"{func.__name__} must declare an 'engine_args: EngineArgs' parameter")
         hints = typing.get_type_hints(func)
         own = set(sig.parameters) - {"engine_args"}
         engine_hints = typing.get_type_hints(EngineArgs)
@@ -62,9 +64,8 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
             if p.name == "engine_args":
                 params += added
             else:
-                params.append(p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY))
-        if "engine_args" not in sig.parameters:
-            raise TypeError(f"{func.__name__} must declare an 'engine_args: EngineArgs' parameter")
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation),
+                                        kind=inspect.Parameter.KEYWORD_ONLY))
 
         @functools.wraps(func)
         def command(**kwargs):
