@@ -117,7 +117,8 @@ class RayExecutor(DistributedExecutor):
                                placement_group=self._pg, placement_group_bundle_index=rank)).remote()
             for rank in range(n)]
         try:
-            ip = ray.get(self.actors[0].node_ip.remote(), timeout=START_TIMEOUT_S)
+            # a local cluster: all ranks on this host, rendezvous over loopback
+            ip = "127.0.0.1" if self._owns_ray else ray.get(self.actors[0].node_ip.remote(), timeout=START_TIMEOUT_S)
             port = ray.get(self.actors[0].free_port.remote(), timeout=START_TIMEOUT_S)
             spec = WorkerSpec(**spec_args, tp_size=n, init_method=f"tcp://{ip}:{port}", num_threads=threads)
             infos = self._gather([a.start.remote(spec, rank) for rank, a in enumerate(self.actors)],
@@ -153,14 +154,26 @@ class RayExecutor(DistributedExecutor):
             if not ready:
                 raise self._fail(index[pending[0]], f"no answer to {what} within {timeout:.0f} s (hung?)")
             for ref in ready:
-                rank = index[ref]
                 try:
-                    results[rank] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    raise self._fail(rank, f"the actor died during {what} ({type(exc).__name__})") from None
-                except Exception as exc:  # noqa: BLE001 - RayTaskError wrapping the worker's exception
-                    raise self._fail(rank, _cause(exc)) from None
+                    results[index[ref]] = ray.get(ref)
+                except Exception:  # noqa: BLE001 - RayActorError or RayTaskError(the worker's exception)
+                    raise self._blame(ref, pending, index, what) from None
         return results
+
+    def _blame(self, failed, pending: list, index: dict, what: str) -> WorkerFailedError:
+        """Name the rank that caused a failure: an actor that died (its peers then fail in their
+        collectives too) before one that raised; waits up to 2 s for the others to settle."""
+        ray = self._ray
+        settled, _ = ray.wait(pending, num_returns=len(pending), timeout=2.0) if pending else ([], [])
+        raised = None
+        for ref in [failed, *settled]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                return self._fail(index[ref], f"the actor died during {what} ({type(exc).__name__})")
+            except Exception as exc:  # noqa: BLE001
+                raised = raised or (index[ref], _cause(exc))
+        return self._fail(*raised)
 
     def collective_rpc(self, method: str, *args: Any) -> list[Any]:
         if self.failure is not None:
