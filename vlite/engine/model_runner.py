@@ -174,6 +174,9 @@ class ModelRunner:
         device, dtype: where and in which precision the model and the KV cache live.
         cpu_gemm: CPU linear-layer GEMM ("onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
         faults: planted faults for the leak checker's self-test.
+        tp: this process's rank in a tensor-parallel group (default: one rank, the whole model);
+            the runner then holds that rank's shard and KV heads (``vlite/engine/worker.py``).
+        rope: precomputed rotary tables (``vlite.engine.models.llama.rope_tables``).
 
     The KV cache is allocated by ``initialize_kv_cache``: one (K, V) pair per layer, each
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
