@@ -78,14 +78,17 @@ def smollm2_checkpoint():
 
 def make_engine(checkpoint, *, num_blocks: int | None = 64, block_size: int = 16, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 128, max_model_len: int | None = None, faults: tuple[str, ...] = (),
-                dtype: str = "float32", cpu_gemm: str | None = None):
-    """An LLMEngine on an already loaded checkpoint (no disk reads)."""
-    from vlite.engine.config import CacheConfig, EngineConfig, SchedulerConfig
+                dtype: str = "float32", cpu_gemm: str | None = None, tensor_parallel_size: int = 1,
+                distributed_executor_backend: str = "mp"):
+    """An LLMEngine on an already loaded checkpoint (no disk reads in this process; with
+    ``tensor_parallel_size`` > 1 each worker reads its shard from ``checkpoint.path``)."""
+    from vlite.engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
     from vlite.engine.llm_engine import LLMEngine
 
     config = EngineConfig(
         model=str(checkpoint.path), dtype=dtype, device="cpu", inject_faults=faults, cpu_gemm=cpu_gemm,
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                  max_model_len=max_model_len))
+                                  max_model_len=max_model_len),
+        parallel=ParallelConfig(tensor_parallel_size, distributed_executor_backend))
     return LLMEngine(config, checkpoint=checkpoint)

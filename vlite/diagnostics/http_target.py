@@ -305,7 +305,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         specs = calibrate(specs, http_greedy(base, sync))
     coverage_before = coverage.from_metrics_text(sync.get(f"{base}/metrics").text)
     pid = listening_pid(base)
-    memory = MemoryProbe(pid=pid)
+    memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
     sampler = Sampler(source, memory, sample_interval_s).start()
 
     def probe() -> tuple[int, int | None]:

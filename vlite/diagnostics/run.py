@@ -47,7 +47,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         specs = calibrate(specs, engine_greedy(engine))
     coverage_before = view.coverage().to_dict()
     facts = view.info()
-    memory = MemoryProbe(in_process_cuda=facts.device == "cuda")
+    memory = MemoryProbe(in_process_cuda=facts.device == "cuda", worker_pids=facts.worker_pids)
     blocks, regs = view_block_stats(view), sizes_source(view)
     sampler = Sampler(lambda: blocks() | regs(), memory, sample_interval_s).start()
 
@@ -70,6 +70,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                  "num_total_blocks": snap.num_total_blocks, "block_size": facts.block_size,
                  "bytes_per_block": facts.bytes_per_block, "num_requests": len(specs),
                  "num_preemptions_total": view.stats().num_preemptions_total, "gpu_source": memory.gpu_source,
-                 "inject_faults": list(facts.inject_faults), "replay_s": round(time.time() - t0, 2),
+                 "inject_faults": list(facts.inject_faults), "tensor_parallel_size": facts.tensor_parallel_size,
+                 "worker_pids": list(facts.worker_pids), "replay_s": round(time.time() - t0, 2),
                  "sampler_errors": sampler.errors, **(info or {})}
     return RunResult(findings, sampler.frame(), replay, run_facts)

@@ -41,15 +41,26 @@ def view_block_stats(view) -> Callable[[], dict]:
 
 
 class MemoryProbe:
-    """RSS of one process (bytes, psutil) and GPU memory (bytes) where there is a GPU.
+    """RSS of one process and its tensor-parallel workers (bytes, psutil) and GPU memory (bytes)
+    where there is a GPU.
+
+    ``read()`` gives ``rss_bytes`` (the process plus its workers), and with workers also
+    ``worker_rss_bytes`` (theirs alone) and ``num_processes``; ``gpu_process_bytes`` sums the
+    GPU memory NVML reports for all of those PIDs.
 
     Args:
         pid: the process to measure (default: this one); None measures no RSS.
         in_process_cuda: also read torch.cuda allocated/reserved (the engine runs here).
+        worker_pids: the engine's worker processes (``EngineView.info().worker_pids``).
+        include_children: also count every descendant of ``pid`` as a worker, looked up at each
+            read (a ``vlite serve`` process, whose tensor-parallel workers are its children).
     """
 
-    def __init__(self, pid: int | None = os.getpid(), in_process_cuda: bool = False) -> None:
+    def __init__(self, pid: int | None = os.getpid(), in_process_cuda: bool = False,
+                 worker_pids: tuple[int, ...] | list[int] = (), include_children: bool = False) -> None:
         self.process = psutil.Process(pid) if pid is not None else None
+        self.workers = [psutil.Process(p) for p in worker_pids if psutil.pid_exists(p)]
+        self.include_children = include_children
         self.gpu_source: str | None = None
         self.note: str | None = None
         self._nvml = self._handle = None
@@ -82,19 +93,44 @@ class MemoryProbe:
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
 
+    def _worker_processes(self) -> list[psutil.Process]:
+        workers = list(self.workers)
+        if self.include_children and self.process is not None:
+            try:
+                known = {w.pid for w in workers}
+                workers += [c for c in self.process.children(recursive=True) if c.pid not in known]
+            except psutil.Error:
+                pass
+        return workers
+
     def read(self) -> dict:
         row: dict = {}
+        workers = self._worker_processes()
+        pids = set()
         if self.process is not None:
             try:
                 row["rss_bytes"] = self.process.memory_info().rss
+                pids.add(self.process.pid)
             except psutil.Error:
                 row["rss_bytes"] = None
+        if workers:
+            worker_rss = 0
+            for w in workers:
+                try:
+                    worker_rss += w.memory_info().rss
+                    pids.add(w.pid)
+                except psutil.Error:  # a worker that exited counts no more
+                    continue
+            row["worker_rss_bytes"] = worker_rss
+            row["num_processes"] = len(pids)
+            if row.get("rss_bytes") is not None:
+                row["rss_bytes"] += worker_rss
         if self.gpu_source == "nvml":
             nv = self._nvml
             row["gpu_used_bytes"] = nv.nvmlDeviceGetMemoryInfo(self._handle).used
             if self.process is not None:
                 procs = nv.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                row["gpu_process_bytes"] = sum(p.usedGpuMemory or 0 for p in procs if p.pid == self.process.pid)
+                row["gpu_process_bytes"] = sum(p.usedGpuMemory or 0 for p in procs if p.pid in pids)
         elif self.gpu_source == "nvidia-smi":
             row["gpu_used_bytes"] = self._smi_used()
         if self._torch_cuda:

@@ -124,14 +124,18 @@ class AsyncLLMEngine:
             "abort" output the loop makes for an aborted request (used for Prometheus metrics).
             Its exceptions are logged and ignored.
         log_stats: log one stats line (vLLM's shape) every ``log_stats_interval`` seconds.
+        on_fatal: called once, on the engine thread, with the reason when the engine dies (a
+            tensor-parallel rank failed); the loop then stops (``vlite serve`` exits non-zero).
 
     ``latest_stats`` is an EngineStats snapshot refreshed after every loop iteration (after the
     queued commands and after each step); reading it never waits for the engine.
     """
 
     def __init__(self, engine: LLMEngine, *, on_output: Callable[[RequestOutput], None] | None = None,
-                 log_stats: bool = False, log_stats_interval: float = 10.0) -> None:
+                 log_stats: bool = False, log_stats_interval: float = 10.0,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
         self.engine = engine
+        self.on_fatal = on_fatal
         self.on_output = on_output
         self.log_stats = log_stats
         self.log_stats_interval = log_stats_interval
@@ -177,6 +181,9 @@ class AsyncLLMEngine:
         await asyncio.to_thread(self._thread.join, timeout)
         if self._thread.is_alive():
             logger.error("engine loop did not stop within %.0f s", timeout)
+        stop_ranks = getattr(self.engine, "shutdown", None)
+        if stop_ranks is not None:
+            stop_ranks()  # the tensor-parallel ranks, if any
 
     # ---- requests (event loop side) ---------------------------------------------------------
     async def add_requests(self, requests: list[EngineRequest]) -> RequestStreamGroup:
@@ -226,6 +233,7 @@ class AsyncLLMEngine:
                 if not stopping and self.engine.has_unfinished_requests():
                     self._step()
                     self._publish()
+                    stopping = self._engine_died()
                 self._maybe_log_stats()
             except Exception:  # never let the loop die: log it and go on
                 logger.exception("engine loop iteration failed")
@@ -233,6 +241,20 @@ class AsyncLLMEngine:
         self._refuse_pending()
         self._publish()
         logger.info("engine loop stopped")
+
+    def _engine_died(self) -> bool:
+        """True (after telling ``on_fatal``) when the engine can run nothing more."""
+        reason = getattr(self.engine, "dead_error", None)
+        if reason is None:
+            return False
+        logger.error("the engine died: %s", reason)
+        self._abort_all()
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(reason)
+            except Exception:
+                logger.exception("on_fatal callback failed")
+        return True
 
     def _refuse_pending(self) -> None:
         """Answer commands that raced with "stop", so that no caller waits forever."""

@@ -162,7 +162,8 @@ class RequestHistory:
 class EngineInfo:
     """Fixed facts of an engine: model name, device ("cpu" | "cuda"), ``block_size`` (tokens
     per block), ``bytes_per_block`` (bytes of K and V of one block over all layers),
-    ``num_total_blocks`` and the planted faults."""
+    ``num_total_blocks``, the planted faults, ``tensor_parallel_size`` and the PIDs of the
+    worker processes on this host that hold the model's ranks (empty when it runs in-process)."""
 
     model_name: str
     device: str
@@ -170,6 +171,8 @@ class EngineInfo:
     bytes_per_block: int
     num_total_blocks: int
     inject_faults: tuple[str, ...]
+    tensor_parallel_size: int = 1
+    worker_pids: tuple[int, ...] = ()
 
 
 class EngineView:
@@ -183,7 +186,8 @@ class EngineView:
         """The engine's fixed facts (they do not change after start)."""
         e = self._engine
         return EngineInfo(e.model_name, e.device.type, e.block_size, e.bytes_per_block,
-                          e.scheduler.block_manager.num_total_blocks, tuple(e.config.inject_faults))
+                          e.scheduler.block_manager.num_total_blocks, tuple(e.config.inject_faults),
+                          e.config.parallel.tensor_parallel_size, tuple(e.executor.worker_pids()))
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
         """The record (origin, status, finish reason, counts) of a live or remembered sequence."""

@@ -19,17 +19,18 @@ import torch
 
 from vlite.engine.beam_search import BeamState
 from vlite.engine.config import EngineConfig
+from vlite.engine.executor import Executor, WorkerFailedError, create_executor
 from vlite.engine.faults import FaultSet
 from vlite.engine.introspection import EngineView, LedgerRecord
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
 from vlite.engine.logits_processors import build_logits_processor
 from vlite.engine.metrics import EngineStats
-from vlite.engine.model_runner import ModelRunner, SequenceError
+from vlite.engine.model_runner import SequenceError
 from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.outputs import RequestOutput
 from vlite.engine.request import Request, RequestRecord
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler
+from vlite.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from vlite.engine.sequence import RequestOrigin, Sequence
 from vlite.engine.structured_output import StructuredOutputManager
 
@@ -37,11 +38,15 @@ logger = logging.getLogger("vlite.engine")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-__all__ = ["LLMEngine", "LedgerRecord", "Request", "RequestRecord", "RequestRejectedError"]
+__all__ = ["EngineDeadError", "LLMEngine", "LedgerRecord", "Request", "RequestRecord", "RequestRejectedError"]
 
 
 class RequestRejectedError(ValueError):
     """A request the engine will never run (bad input, or it could never fit); nothing was allocated."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine can run nothing more: a tensor-parallel rank failed (the message names it)."""
 
 
 _request_counter = itertools.count()
@@ -54,15 +59,22 @@ class LLMEngine:
         config: engine configuration; the model is loaded from ``config.model``.
         checkpoint: an already loaded checkpoint (tests reuse one across engines).
 
+    With ``config.parallel.tensor_parallel_size`` N > 1 the model runs on N ranks (worker
+    processes or Ray actors, ``vlite.engine.executor``); this process keeps the scheduler, the
+    block manager and the sampler, and does not load the weights. Call ``shutdown()`` (or let
+    the process exit) to stop the ranks.
+
     Raises:
         ModelNotFoundError: the model cannot be found locally.
-        ValueError: an invalid configuration.
+        ValueError: an invalid configuration (e.g. a tensor-parallel size that cannot split the model).
+        ExecutorStartupError: a rank failed to start (one line).
     """
 
     def __init__(self, config: EngineConfig | None = None, checkpoint: LoadedCheckpoint | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.faults = FaultSet(config.inject_faults)
-        ckpt = checkpoint or load_checkpoint(config.model)
+        tp = config.parallel.tensor_parallel_size
+        ckpt = checkpoint or load_checkpoint(config.model, weights=tp == 1)
         self.model_name = ckpt.name
         self.tokenizer = ckpt.tokenizer
         self.hf_config = ckpt.config
@@ -70,25 +82,33 @@ class LLMEngine:
         self.dtype = _DTYPES[config.dtype]
         self.max_model_len = self._derive_max_model_len()
         torch.manual_seed(config.seed)
-        self.model_runner = ModelRunner(ckpt, self.max_model_len, self.device, self.dtype, cpu_gemm=config.cpu_gemm,
-                                        faults=self.faults, seed=config.seed)
-        self.model = self.model_runner.model
-        self.cpu_gemm = self.model_runner.cpu_gemm
-        self.eos_token_ids = self._eos_token_ids()
+        self.dead_error: str | None = None  # set when a rank failed: the engine runs nothing more
+        self.executor: Executor = create_executor(config, ckpt, self.max_model_len, self.device, self.dtype,
+                                                  self.faults)
+        try:
+            # in-process (N = 1): the runner and the model, as before; None under tensor parallelism
+            self.model_runner = getattr(self.executor, "model_runner", None)
+            self.model = self.model_runner.model if self.model_runner is not None else None
+            self.cpu_gemm = self.executor.cpu_gemm
+            self.eos_token_ids = self._eos_token_ids()
 
-        cache = config.cache
-        self.block_size = cache.block_size
-        self.bytes_per_block = self.model_runner.kv_cache_bytes_per_block(cache.block_size)
-        num_blocks = self.model_runner.determine_num_blocks(cache, config.scheduler.max_num_batched_tokens)
-        self.model_runner.initialize_kv_cache(num_blocks, cache.block_size,
+            cache = config.cache
+            self.block_size = cache.block_size
+            # bytes one block takes on all ranks together
+            self.bytes_per_block = self.executor.kv_cache_bytes_per_block(cache.block_size)
+            num_blocks = self.executor.determine_num_blocks(cache, config.scheduler.max_num_batched_tokens)
+            self.executor.initialize_kv_cache(num_blocks, cache.block_size,
                                               max_num_seqs=config.scheduler.max_num_seqs,
                                               enforce_eager=config.enforce_eager)
+        except BaseException:
+            self.executor.shutdown()
+            raise
         self.output_processor = OutputProcessor(self.tokenizer)
         # Structured output: grammar compiler cache (thread-safe) and per-sequence matchers.
         self.structured_output = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
                                                          self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
-                                   max_model_len=self.max_model_len, generator=self.model_runner.generator,
+                                   max_model_len=self.max_model_len, generator=self.executor.generator,
                                    detokenize=self.output_processor.detokenize,
                                    finished_history=config.finished_history,
                                    structured_output=self.structured_output)
@@ -131,7 +151,10 @@ class LLMEngine:
                 live request id, a request that can never fit (prompt + max_tokens beyond
                 max_model_len or beyond the whole KV cache), or a structured-output constraint
                 that does not compile. Nothing is allocated.
+            EngineDeadError: a tensor-parallel rank failed earlier.
         """
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_error}")
         params = sampling_params or SamplingParams()
         if request_id is None:
             request_id = origin.request_id if origin else f"req-{next(_request_counter)}-{uuid.uuid4().hex[:8]}"
@@ -208,14 +231,21 @@ class LLMEngine:
         """Run one scheduling step; return an output for every request that advanced or ended.
 
         A failed forward ends that batch's requests with finish reason "error", not the engine.
+        A failed tensor-parallel rank ends every live request with finish reason "error" and a
+        message naming the rank, and marks the engine dead (``dead_error``).
         """
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        if sched.blocks_to_copy:
-            self.model_runner.copy_blocks(sched.blocks_to_copy)
         try:
-            result = self.model_runner.execute(sched)
+            result = self.executor.execute(sched)
+        except WorkerFailedError as exc:
+            logger.error("%s; ending every request", exc)
+            self.dead_error = str(exc)
+            everything = SchedulerOutput(sched.step, [ScheduledSequence(seq, 0, False)
+                                                      for req in list(self.scheduler.requests.values())
+                                                      for seq in req.live])
+            touched = self.scheduler.fail(everything, None, str(exc))
         except SequenceError as exc:
             touched = self.scheduler.fail(sched, exc.seq_ids, str(exc))
         except Exception as exc:  # a failed forward ends this batch's requests, not the engine
@@ -224,6 +254,10 @@ class LLMEngine:
         else:
             touched = self.scheduler.update_from_output(sched, result)
         return self.output_processor.process(touched)
+
+    def shutdown(self) -> None:
+        """Stop the executor's ranks (worker processes or actors); idempotent. In-process: nothing."""
+        self.executor.shutdown()
 
     # ---- offline batch -------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
@@ -257,6 +291,8 @@ class LLMEngine:
             progress.start()
         try:
             while self.has_unfinished_requests():
+                if self.dead_error is not None:
+                    raise EngineDeadError(f"the engine is dead: {self.dead_error}")
                 for out in self.step():
                     if out.finished:
                         final[out.request_id] = out

@@ -180,6 +180,74 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+class WeightSource:
+    """A checkpoint's tensors by Hugging Face name (``model.`` prefix dropped), read whole or as
+    one slice along one dim. Over safetensors files only the slice is read from disk
+    (``safe_open(...).get_slice``), so a tensor-parallel rank never holds the whole model.
+
+    Build with ``from_state_dict`` (tensors in memory) or ``from_files`` (``*.safetensors``).
+    """
+
+    def __init__(self, tensors: dict | None = None, handles: dict | None = None) -> None:
+        self._tensors = tensors or {}
+        self._handles = handles or {}  # name -> open safe_open handle holding it
+
+    @classmethod
+    def from_state_dict(cls, state_dict: dict) -> WeightSource:
+        return cls(tensors={k.removeprefix("model."): v for k, v in state_dict.items()})
+
+    @classmethod
+    def from_files(cls, files: list[Path]) -> WeightSource:
+        """Open ``files`` lazily (nothing is read until ``read``).
+
+        Raises:
+            ValueError: a file is not a readable safetensors file.
+        """
+        from safetensors import safe_open
+
+        handles = {}
+        for f in files:
+            try:
+                h = safe_open(str(f), framework="pt")
+            except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+                raise ValueError(f"{f}: not a readable safetensors file ({exc})") from exc
+            for name in h.keys():
+                handles[name.removeprefix("model.")] = (h, name)
+        return cls(handles=handles)
+
+    def names(self) -> list[str]:
+        """Every tensor name (HF names without ``model.``)."""
+        return [*self._tensors, *self._handles]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors or name in self._handles
+
+    def read(self, name: str, dim: int = 0, start: int = 0, stop: int = -1):
+        """Tensor ``name``, or its rows (dim 0) / columns (dim 1) [start, stop); stop -1 = to the end."""
+        if name in self._tensors:
+            t = self._tensors[name]
+            if stop == -1:
+                return t
+            return t[start:stop] if dim == 0 else t[:, start:stop]
+        h, key = self._handles[name]
+        if stop == -1:
+            return h.get_tensor(key)
+        sl = h.get_slice(key)
+        return sl[start:stop] if dim == 0 else sl[:, start:stop]
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The ``*.safetensors`` files of an HF directory.
+
+    Raises:
+        ValueError: there are none.
+    """
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights")
+    return files
+
+
 @dataclass
 class LoadedCheckpoint:
     """A checkpoint read from disk: transformers config, tensors by HF name, tokenizer."""
@@ -191,8 +259,11 @@ class LoadedCheckpoint:
     path: Path
 
 
-def load_checkpoint(model: str) -> LoadedCheckpoint:
+def load_checkpoint(model: str, *, weights: bool = True) -> LoadedCheckpoint:
     """Resolve ``model`` and read its config, safetensors weights and tokenizer.
+
+    ``weights=False`` leaves ``state_dict`` empty (the engine process under tensor parallelism:
+    each worker reads its own shard from ``path``).
 
     Raises:
         ModelNotFoundError: see ``resolve_model``.
@@ -213,11 +284,9 @@ def load_checkpoint(model: str) -> LoadedCheckpoint:
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ValueError(f"architecture {archs or '(none)'} is not supported; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    files = sorted(resolved.path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{resolved.path} has no *.safetensors weights")
+    files = checkpoint_files(resolved.path)
     state_dict: dict = {}
-    for f in files:
+    for f in files if weights else ():
         state_dict.update(load_file(f))
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
     return LoadedCheckpoint(config, state_dict, tokenizer, resolved.name, resolved.path)

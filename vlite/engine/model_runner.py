@@ -11,6 +11,12 @@ Per step it builds (T = scheduled tokens, B = scheduled sequences, decodes first
   block_tables [B, max_blocks] int64, seq_lens [B] int64, query_start_loc [B + 1] int64,
 and computes logits only for the last token of each sequence whose chunk reaches its end (and,
 for requests asking for prompt logprobs, at their prompt positions: prompt_logprobs.py).
+
+The step is packed in two stages so that it can cross a process boundary: ``prepare_input``
+(engine process, plain Python lists: ``StepInput``) and ``ModelRunner.build_metadata`` (the
+process that holds the model: tensors on its device). Under tensor parallelism each worker holds
+a ``ModelRunner`` over its shard of the model (``vlite/engine/worker.py``) and gets the same
+``StepInput``; rank 0 returns the logits, and the engine samples (``sample_step``).
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import torch
 
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
 from vlite.engine.faults import FaultSet
-from vlite.engine.loader import LoadedCheckpoint
+from vlite.engine.loader import LoadedCheckpoint, WeightSource, checkpoint_files
 from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
-from vlite.engine.prompt_logprobs import compute_prompt_logprobs
+from vlite.engine.models.parallel_layers import TPGroup
+from vlite.engine.prompt_logprobs import PromptLogprobsRows, compute_prompt_logprobs, plan_prompt_logprobs
 from vlite.engine.sampler import SamplerOutput, sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -56,6 +63,80 @@ class StepResult:
     prompt_logprobs: dict[int, tuple[int, list]] = field(default_factory=dict)
 
 
+@dataclass
+class StepInput:
+    """One step, flattened, in plain lists (what the engine sends each rank once per step).
+
+    T = scheduled tokens, B = scheduled sequences (decodes first):
+    input_ids, positions, slot_mapping: [T]; block_tables: B lists of physical block ids;
+    query_lens, seq_lens: [B] tokens; num_decodes: leading one-token decodes;
+    logits_indices: rows of the step whose logits are sampled;
+    blocks_to_copy: copy-on-write (src, dst) pairs applied before the forward;
+    prompt_logprobs: the rows whose logits give prompt logprobs (``plan_prompt_logprobs``).
+    """
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]]
+    query_lens: list[int]
+    seq_lens: list[int]
+    num_decodes: int
+    logits_indices: list[int]
+    blocks_to_copy: list[tuple[int, int]]
+    prompt_logprobs: list[PromptLogprobsRows] = field(default_factory=list)
+
+
+def prepare_input(sched: SchedulerOutput, block_tables: dict[int, list[int]], block_size: int,
+                  faults: FaultSet | None = None) -> StepInput:
+    """Flatten a scheduled step into a ``StepInput`` (its ``blocks_to_copy`` left empty: the
+    caller applies copy-on-write first, even when this raises).
+
+    Raises:
+        SequenceError: the planted fault raise-in-step, for the sequences it names.
+    """
+    bs = block_size
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_lens: list[int] = []
+    seq_lens: list[int] = []
+    tables: list[list[int]] = []
+    logits_indices: list[int] = []
+    num_decodes = 0
+    for item in sched.scheduled:
+        seq = item.seq
+        if faults is not None and faults.active("raise-in-step") and seq.origin.client_tag == "raise-in-step":
+            raise SequenceError([seq.seq_id], f"planted fault raise-in-step for {seq.request_id!r}")
+        start = seq.num_computed_tokens
+        end = start + item.num_new_tokens
+        table = block_tables[seq.seq_id]
+        input_ids.extend(seq.all_token_ids[start:end])
+        positions.extend(range(start, end))
+        slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        query_lens.append(item.num_new_tokens)
+        seq_lens.append(end)
+        tables.append(table)
+        if item.sample:
+            logits_indices.append(len(input_ids) - 1)
+        if item.num_new_tokens == 1 and not seq.in_prefill and len(tables) == num_decodes + 1:
+            num_decodes += 1
+    return StepInput(input_ids, positions, slots, tables, query_lens, seq_lens, num_decodes, logits_indices, [],
+                     plan_prompt_logprobs(sched))
+
+
+def sample_step(sched: SchedulerOutput, logits: torch.Tensor | None, prompt_logprobs: dict[int, tuple[int, list]],
+                generator: torch.Generator) -> StepResult:
+    """Sample the step's due sequences from ``logits`` [n_sampled, vocab] float32 (CPU);
+    with ``sched.keep_logits`` keep a copy of the raw logits. ``prompt_logprobs``: what
+    ``compute_prompt_logprobs`` returned for this step, passed through."""
+    sampled = [item.seq for item in sched.scheduled if item.sample]
+    if not sampled:
+        return StepResult([], SamplerOutput([], []), prompt_logprobs=prompt_logprobs)
+    raw = logits.clone() if sched.keep_logits else None
+    return StepResult(sampled, sample(logits, sampled, generator), raw, prompt_logprobs)
+
+
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one physical block takes across all layers' K and V."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -63,17 +144,29 @@ def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: to
 
 
 def build_model(checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device,
-                dtype: torch.dtype) -> LlamaForCausalLM:
+                dtype: torch.dtype, tp: TPGroup | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> LlamaForCausalLM:
     """The checkpoint's weights in a ``LlamaForCausalLM`` on ``device`` in ``dtype``, eval mode
-    (rotary tables stay float32). Weights are built on the meta device first: no random init."""
-    qkv_bias = any(k.endswith("q_proj.bias") for k in checkpoint.state_dict)
+    (rotary tables stay float32). Weights are built on the meta device first: no random init.
+    With ``tp`` (tensor parallelism) only this rank's shard is built and read; a checkpoint
+    without an in-memory ``state_dict`` is read lazily from its safetensors files.
+
+    Raises:
+        ValueError: ``tp.size`` cannot split the model, or a tensor is missing or misshapen.
+    """
+    if checkpoint.state_dict:
+        source = WeightSource.from_state_dict(checkpoint.state_dict)
+    else:
+        source = WeightSource.from_files(checkpoint_files(checkpoint.path))
+    qkv_bias = any(k.endswith("q_proj.bias") for k in source.names())
     with torch.device("meta"):
-        model = LlamaForCausalLM(checkpoint.config, max_model_len, qkv_bias=qkv_bias)
+        model = LlamaForCausalLM(checkpoint.config, max_model_len, qkv_bias=qkv_bias, tp=tp, rope=rope)
     model = model.to_empty(device="cpu")  # skips random init: every weight comes from the checkpoint
     if model.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.init_rope_tables()
-    model.load_hf_state_dict(checkpoint.state_dict)
+    model.load_weights(source)
+    del source
     model = model.to(device=device, dtype=dtype).eval()
     model.init_rope_tables()  # keep the rotary tables in float32 on the right device
     model.cos_table = model.cos_table.to(device)
@@ -90,6 +183,9 @@ class ModelRunner:
         device, dtype: where and in which precision the model and the KV cache live.
         cpu_gemm: CPU linear-layer GEMM ("onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
         faults: planted faults for the leak checker's self-test.
+        tp: this process's rank in a tensor-parallel group (default: one rank, the whole model);
+            the runner then holds that rank's shard and KV heads (``vlite/engine/worker.py``).
+        rope: precomputed rotary tables (``vlite.engine.models.llama.rope_tables``).
 
     The KV cache is allocated by ``initialize_kv_cache``: one (K, V) pair per layer, each
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
@@ -99,12 +195,17 @@ class ModelRunner:
     """
 
     def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                 *, cpu_gemm: str | None = None, faults: FaultSet | None = None, seed: int = 0) -> None:
+                 *, cpu_gemm: str | None = None, faults: FaultSet | None = None, seed: int = 0,
+                 tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.device = device
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.faults = faults or FaultSet()
-        self.model = build_model(checkpoint, max_model_len, device, dtype)
+        self.tp = tp or TPGroup()
+        self.model = build_model(checkpoint, max_model_len, device, dtype, self.tp, rope)
+        # bytes of this rank's weights (before oneDNN prepacking, which keeps the same amount)
+        self.weight_bytes = sum(t.numel() * t.element_size()
+                                for t in {id(p): p for p in self.model.parameters()}.values())
         # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
         logger.info("attention: %s", prepare_attention_backend(device))
         self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm) if device.type == "cpu" else None
@@ -155,8 +256,8 @@ class ModelRunner:
         self._allocate_kv_caches(num_blocks, block_size)  # a throwaway cache just big enough
         seq = Sequence("profile", None, [0] * tokens, SamplingParams(max_tokens=1, temperature=0),
                        RequestOrigin("profile", route="profile"))
-        self.execute(SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)],
-                                     block_tables={seq.seq_id: list(range(num_blocks))}))
+        sched = SchedulerOutput(0, [ScheduledSequence(seq, tokens, True)])
+        self.execute_model(prepare_input(sched, {seq.seq_id: list(range(num_blocks))}, block_size))
         peak = torch.cuda.max_memory_allocated(self.device)
         self.kv_caches, self.block_size = kept
         torch.cuda.empty_cache()
@@ -185,53 +286,33 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------
     def prepare(self, sched: SchedulerOutput, block_tables: dict[int, list[int]]):
         """Flatten the step. Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_indices: list[int] = []
-        num_decodes = 0
-        for item in sched.scheduled:
-            seq = item.seq
-            if self.faults.active("raise-in-step") and seq.origin.client_tag == "raise-in-step":
-                raise SequenceError([seq.seq_id], f"planted fault raise-in-step for {seq.request_id!r}")
-            start = seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            table = block_tables[seq.seq_id]
-            input_ids.extend(seq.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            query_lens.append(item.num_new_tokens)
-            seq_lens.append(end)
-            tables.append(table)
-            if item.sample:
-                logits_indices.append(len(input_ids) - 1)
-            if item.num_new_tokens == 1 and not seq.in_prefill and len(tables) == num_decodes + 1:
-                num_decodes += 1
+        return self.build_metadata(prepare_input(sched, block_tables, self.block_size, self.faults))
+
+    def build_metadata(self, step: StepInput):
+        """A ``StepInput`` as tensors on this runner's device.
+        Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
+        tables = step.block_tables
         max_blocks = max(len(t) for t in tables)
         table_tensor = torch.zeros((len(tables), max_blocks), dtype=torch.long)
         for i, t in enumerate(tables):
             table_tensor[i, :len(t)] = torch.tensor(t, dtype=torch.long)
         qsl = [0]
-        for q in query_lens:
+        for q in step.query_lens:
             qsl.append(qsl[-1] + q)
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(step.slot_mapping, dtype=torch.long, device=dev),
             query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
+            seq_lens=torch.tensor(step.seq_lens, dtype=torch.long, device=dev),
             block_tables=table_tensor.to(dev),
-            num_decodes=num_decodes,
-            query_lens=query_lens,
-            seq_lens_list=seq_lens,
-            block_size=bs,
+            num_decodes=step.num_decodes,
+            query_lens=step.query_lens,
+            seq_lens_list=step.seq_lens,
+            block_size=self.block_size,
         )
-        return (torch.tensor(input_ids, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev), meta,
-                torch.tensor(logits_indices, dtype=torch.long, device=dev))
+        return (torch.tensor(step.input_ids, dtype=torch.long, device=dev),
+                torch.tensor(step.positions, dtype=torch.long, device=dev), meta,
+                torch.tensor(step.logits_indices, dtype=torch.long, device=dev))
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -243,26 +324,41 @@ class ModelRunner:
             v_cache[dst] = v_cache[src]
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> StepResult:
-        """Run one step: forward over all scheduled tokens (through ``sched.block_tables``),
-        then sample where due; with ``sched.keep_logits`` also return the raw logits of the
-        sampled rows (for forks and beams).
-
-        Raises:
-            SequenceError: a failure tied to specific sequences.
-        """
-        input_ids, positions, meta, logits_indices = self.prepare(sched, sched.block_tables)
+    def execute_model(self, step: StepInput) -> tuple[torch.Tensor | None, dict[int, tuple[int, list]]]:
+        """Apply the step's copy-on-write pairs, run the forward over its tokens, and return the
+        logits [len(step.logits_indices), vocab] float32 on CPU (None when nothing is sampled,
+        and on every rank but 0 under tensor parallelism) and the step's prompt logprobs
+        ({seq_id: (first token index, entries)}; {} on ranks other than 0). Every rank must run every step: the
+        forward's collectives pair up across ranks."""
+        if step.blocks_to_copy:
+            self.copy_blocks(step.blocks_to_copy)
+        if not step.input_ids:
+            return None, {}
+        input_ids, positions, meta, logits_indices = self.build_metadata(step)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(meta):
             hidden = self.cuda_graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, sched)  # {} unless asked for
-        sampled = [item.seq for item in sched.scheduled if item.sample]
-        if not sampled:
-            return StepResult([], SamplerOutput([], []), prompt_logprobs=prompt_logprobs)
-        logits = self.model.compute_logits(hidden[logits_indices]).cpu()
-        raw = logits.clone() if sched.keep_logits else None
-        return StepResult(sampled, sample(logits, sampled, self.generator), raw, prompt_logprobs)
+        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked
+        if not step.logits_indices:
+            return None, prompt_logprobs
+        logits = self.model.compute_logits(hidden[logits_indices])
+        return None if logits is None else logits.cpu(), prompt_logprobs
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step in this process: copy-on-write (``sched.blocks_to_copy``), forward over
+        all scheduled tokens (through ``sched.block_tables``), then sample where due; with
+        ``sched.keep_logits`` also return the raw logits of the sampled rows (for forks and beams).
+
+        Raises:
+            SequenceError: a failure tied to specific sequences.
+        """
+        if sched.blocks_to_copy:
+            self.copy_blocks(sched.blocks_to_copy)
+        step = prepare_input(sched, sched.block_tables, self.block_size, self.faults)
+        return sample_step(sched, *self.execute_model(step), self.generator)
 
 
-__all__ = ["ModelRunner", "SequenceError", "StepResult", "build_model", "kv_cache_bytes_per_block"]
+__all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "kv_cache_bytes_per_block",
+           "prepare_input", "sample_step"]

@@ -52,36 +52,69 @@ def needs_prompt_logprobs(seq: Sequence) -> bool:
     return seq.sampling_params.prompt_logprobs is not None and seq.prompt_logprobs is None
 
 
-def compute_prompt_logprobs(model, hidden: torch.Tensor, sched: SchedulerOutput) -> dict[int, tuple[int, list]]:
-    """The prompt logprobs every scheduled chunk yields, from its hidden states.
+@dataclass(frozen=True, slots=True)
+class PromptLogprobsRows:
+    """Which rows of one step yield one sequence's prompt logprobs (plain data: it travels in
+    ``StepInput`` to whichever process holds the model, every tensor-parallel rank included).
 
-    Args:
-        model: has ``compute_logits(hidden [N, H]) -> [N, vocab]``.
-        hidden: [T, H], the step's hidden states in ``sched.scheduled`` order.
-        sched: the step; rows of sequences that do not need prompt logprobs are skipped.
-
-    Returns:
-        {seq_id: (first token index, entries)} where entries[j] is the Logprob dict of prompt
-        token ``first + j``; ``first`` is the chunk's first position + 1.
+    seq_id: the sequence. first: index of the first prompt token these rows predict (tokens).
+    row: the step row (flattened token index) of the chunk's first position.
+    targets: the prompt tokens predicted by rows ``row .. row + len(targets) - 1``.
+    k: how many most likely alternatives each entry also holds (the request's ``prompt_logprobs``).
     """
-    results: dict[int, tuple[int, list]] = {}
+
+    seq_id: int
+    first: int
+    row: int
+    targets: list[int]
+    k: int
+
+
+def plan_prompt_logprobs(sched: SchedulerOutput) -> list[PromptLogprobsRows]:
+    """The rows of each scheduled chunk whose logits give prompt logprobs (engine process).
+    Sequences that do not need them are skipped; a chunk that predicts no prompt token (the
+    prompt's last position only) still gets an empty plan, so its completion is recorded."""
+    plans: list[PromptLogprobsRows] = []
     offset = 0
     for item in sched.scheduled:
         seq = item.seq
         start = seq.num_computed_tokens
-        rows = offset
+        row = offset
         offset += item.num_new_tokens
         if not needs_prompt_logprobs(seq):
             continue
         # positions start .. min(end, P - 1) - 1 predict prompt tokens start + 1 .. min(end, P) - 1
         last = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
+        plans.append(PromptLogprobsRows(seq.seq_id, start + 1, row, list(seq.prompt_token_ids[start + 1:last + 1]),
+                                        seq.sampling_params.prompt_logprobs))
+    return plans
+
+
+def compute_prompt_logprobs(model, hidden: torch.Tensor,
+                            plans: list[PromptLogprobsRows]) -> dict[int, tuple[int, list]]:
+    """The prompt logprobs of the planned rows, from the step's hidden states.
+
+    Args:
+        model: has ``compute_logits(hidden [N, H]) -> [N, vocab]`` (None on tensor-parallel
+            ranks other than 0; every rank still calls it, since the gather is a collective).
+        hidden: [T, H], the step's hidden states (rows in ``StepInput`` order).
+        plans: from ``plan_prompt_logprobs``.
+
+    Returns:
+        {seq_id: (first token index, entries)} where entries[j] is the Logprob dict of prompt
+        token ``first + j``; {} on ranks other than 0.
+    """
+    results: dict[int, tuple[int, list]] = {}
+    for plan in plans:
         entries: list = []
-        targets = seq.prompt_token_ids
-        k = seq.sampling_params.prompt_logprobs
-        for lo in range(start, last, _ROWS_PER_SLICE):
-            hi = min(lo + _ROWS_PER_SLICE, last)
-            logprobs = model.compute_logits(hidden[rows + lo - start:rows + hi - start]).float().log_softmax(-1)
-            target = torch.tensor(targets[lo + 1:hi + 1], dtype=torch.long, device=logprobs.device)
+        targets, k, n = plan.targets, plan.k, len(plan.targets)
+        for lo in range(0, n, _ROWS_PER_SLICE):
+            hi = min(lo + _ROWS_PER_SLICE, n)
+            logits = model.compute_logits(hidden[plan.row + lo:plan.row + hi])
+            if logits is None:  # a tensor-parallel rank other than 0
+                continue
+            logprobs = logits.float().log_softmax(-1)
+            target = torch.tensor(targets[lo:hi], dtype=torch.long, device=logprobs.device)
             chosen = logprobs.gather(1, target[:, None])
             ranks = ((logprobs > chosen).sum(-1) + 1).tolist()
             chosen = chosen[:, 0].tolist()
@@ -89,12 +122,12 @@ def compute_prompt_logprobs(model, hidden: torch.Tensor, sched: SchedulerOutput)
                 top = torch.topk(logprobs, k, dim=-1)
                 top_ids, top_vals = top.indices.tolist(), top.values.tolist()
             for j in range(hi - lo):
-                entry = {targets[lo + 1 + j]: Logprob(chosen[j], ranks[j])}
+                entry = {targets[lo + j]: Logprob(chosen[j], ranks[j])}
                 if k:
                     for r, (tid, val) in enumerate(zip(top_ids[j], top_vals[j]), start=1):
                         entry.setdefault(tid, Logprob(val, r))
                 entries.append(entry)
-        results[seq.seq_id] = (start + 1, entries)
+        results[plan.seq_id] = (plan.first, entries)
     return results
 
 
@@ -111,5 +144,5 @@ def record_prompt_logprobs(seq: Sequence, first: int, entries: list, chunk_end: 
         seq.partial_prompt_logprobs = partial
 
 
-__all__ = ["Logprob", "PromptLogprobs", "compute_prompt_logprobs", "needs_prompt_logprobs",
-           "record_prompt_logprobs"]
+__all__ = ["Logprob", "PromptLogprobs", "PromptLogprobsRows", "compute_prompt_logprobs", "needs_prompt_logprobs",
+           "plan_prompt_logprobs", "record_prompt_logprobs"]

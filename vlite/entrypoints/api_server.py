@@ -145,7 +145,7 @@ async def _load(state: ServerState, load_engine: Callable[[], LLMEngine], on_fat
     names = state.settings.served_model_names or (engine.model_name,)
     metrics = ServerMetrics(names[0], lambda: async_engine.latest_stats)
     async_engine = AsyncLLMEngine(engine, on_output=metrics.observe, log_stats=state.settings.log_stats,
-                                  log_stats_interval=state.settings.log_stats_interval)
+                                  log_stats_interval=state.settings.log_stats_interval, on_fatal=on_fatal)
     async_engine.start()
     state.model_names = tuple(names)
     state.model_root = str(engine.config.model)
@@ -162,7 +162,8 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
                on_fatal: Callable[[str], None] | None = None) -> FastAPI:
     """Build the app; ``load_engine`` runs in a worker thread at startup.
 
-    ``on_fatal(message)`` is called if the model fails to load (the CLI stops the server then).
+    ``on_fatal(message)`` is called if the model fails to load or the engine dies later (a
+    tensor-parallel rank failed); the CLI stops the server then and exits non-zero.
     ``app.state.server`` is the ServerState (for signal handling and tests).
     """
     state = ServerState(settings)

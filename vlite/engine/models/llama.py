@@ -2,7 +2,9 @@
 
 Parameter names follow Hugging Face transformers except two fused projections, as in vLLM:
 ``qkv_proj`` (q, k, v stacked) and ``gate_up_proj`` (gate, up stacked); ``load_hf_state_dict``
-maps HF checkpoints onto them. Numerics follow transformers' Llama (RMSNorm in float32, the
+maps HF checkpoints onto them. With tensor parallelism (``tp``, see ``parallel_layers.py``) each
+rank builds only its own heads, its slice of the intermediate size and of the vocabulary, and
+``load_weights`` reads only those slices of the checkpoint. Numerics follow transformers' Llama (RMSNorm in float32, the
 rotary embedding computed by transformers' own ``LlamaRotaryEmbedding``), so float32 greedy
 outputs match token for token.
 """
@@ -12,12 +14,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from vlite.engine.models.linear import Linear
+from vlite.engine.models.parallel_layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    check_tp_size,
+    partition_heads,
+)
 from vlite.kernels.attention import AttentionMetadata, paged_attention, store_kvcache
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin tables [max_model_len, head_dim] float32 from transformers' own rotary
+    embedding (so rope theta and rope scaling follow the config exactly); sin has its first half
+    negated (see ``apply_rotary``)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # heavy: only here
+
+    with torch.device("cpu"):
+        rotary = LlamaRotaryEmbedding(config)
+        positions = torch.arange(max_model_len)[None, :]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
+    half = cos.shape[-1] // 2
+    sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+    return cos[0].float().contiguous(), sin_signed.float().contiguous()
 
 
 class RMSNorm(nn.Module):
@@ -46,17 +71,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, qkv_bias: bool) -> None:
+    """Self-attention over this rank's heads (all heads when tp.size is 1)."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, qkv_bias: bool, tp: TPGroup) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.heads = partition_heads(config.num_attention_heads, total_kv, tp)
+        self.num_heads = self.heads.num_q
+        self.num_kv_heads = self.heads.num_kv
         self.head_dim = head_dim
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         self.scale = head_dim ** -0.5
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         o_bias = bool(getattr(config, "attention_bias", False)) and qkv_bias
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, o_bias, tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -74,11 +103,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    """SwiGLU MLP over this rank's slice of the intermediate size."""
+
+    def __init__(self, config: PretrainedConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.intermediate_size = config.intermediate_size // tp.size
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = RowParallelLinear(self.intermediate_size, config.hidden_size, False, tp)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; only 'silu' is")
 
@@ -89,10 +120,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, qkv_bias: bool) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, qkv_bias: bool, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = Attention(config, head_dim, qkv_bias)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, head_dim, qkv_bias, tp)
+        self.mlp = MLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -108,19 +139,33 @@ class LlamaForCausalLM(nn.Module):
         config: a transformers config of a supported architecture.
         max_model_len: longest position the rotary table covers, tokens.
         qkv_bias: whether q/k/v projections carry biases (Qwen2: yes).
+        tp: this rank's place in the tensor-parallel group (default: one rank, the whole model).
+        rope: ``rope_tables(config, max_model_len)`` computed elsewhere (saves a worker the
+            import of transformers' modeling code, about 200 MB per process).
+
+    ``num_kv_heads`` is this rank's KV head count (what its KV cache holds).
+
+    Raises:
+        ValueError: ``tp.size`` cannot split the model's heads or intermediate size (one line,
+            listing the sizes that can).
     """
 
-    def __init__(self, config: PretrainedConfig, max_model_len: int, qkv_bias: bool = False) -> None:
+    def __init__(self, config: PretrainedConfig, max_model_len: int, qkv_bias: bool = False,
+                 tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.config = config
+        self._rope = rope  # precomputed ``rope_tables`` (a worker gets them from the engine)
+        self.tp = tp = tp or TPGroup()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, qkv_bias)
+        total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        check_tp_size(tp.size, config.num_attention_heads, total_kv, config.intermediate_size)
+        self.num_kv_heads = partition_heads(config.num_attention_heads, total_kv, tp).num_kv
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, self.head_dim, qkv_bias, tp)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -130,16 +175,10 @@ class LlamaForCausalLM(nn.Module):
         self.init_rope_tables()
 
     def init_rope_tables(self) -> None:
-        """cos/sin tables [max_model_len, head_dim] float32 from transformers' rotary embedding
-        (so rope theta and rope scaling follow the config exactly). Call again after
+        """Register the cos/sin tables (``rope_tables``) as float32 buffers. Call again after
         materializing a model built on the meta device."""
-        with torch.device("cpu"):
-            rotary = LlamaRotaryEmbedding(self.config)
-            positions = torch.arange(self.max_model_len)[None, :]
-            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
-        half = cos.shape[-1] // 2
-        sin_signed = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)  # see apply_rotary
-        self.register_buffer("cos_table", cos[0].float(), persistent=False)
+        cos, sin_signed = self._rope if self._rope is not None else rope_tables(self.config, self.max_model_len)
+        self.register_buffer("cos_table", cos.float(), persistent=False)
         self.register_buffer("sin_table", sin_signed.float(), persistent=False)
 
     def prepack_cpu_gemm(self) -> None:
@@ -164,37 +203,74 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, kv_cache, meta)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] -> logits [N, vocab_size] in float32."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden [N, hidden_size] -> logits [N, vocab_size] in float32 (on rank 0 under tensor
+        parallelism, gathered from every rank's vocabulary slice; None on the other ranks)."""
+        return self.lm_head.logits(hidden)
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy a transformers checkpoint's tensors into this module, fusing q/k/v and gate/up.
+        """Copy a transformers checkpoint's tensors (HF names) into this module (this rank's slices).
 
         Raises:
             ValueError: a tensor is missing or has the wrong shape.
         """
-        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
-        fused: dict[str, torch.Tensor] = {}
-        for i in range(self.num_layers):
-            p = f"layers.{i}."
-            for suffix in ("weight", "bias"):
-                names = [f"{p}self_attn.{n}_proj.{suffix}" for n in "qkv"]
-                if all(n in sd for n in names):
-                    fused[f"{p}self_attn.qkv_proj.{suffix}"] = torch.cat([sd.pop(n) for n in names])
-            gate, up = f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"
-            if gate in sd and up in sd:
-                fused[f"{p}mlp.gate_up_proj.weight"] = torch.cat([sd.pop(gate), sd.pop(up)])
-        sd.update(fused)
-        if "lm_head.weight" not in sd and self.tie_word_embeddings:
-            sd["lm_head.weight"] = sd.get("embed_tokens.weight")
+        from vlite.engine.loader import WeightSource
+
+        self.load_weights(WeightSource.from_state_dict(state_dict))
+
+    def _pieces(self, name: str) -> list[tuple[str, int, int, int]] | None:
+        """How this rank's parameter ``name`` is made from HF tensors: (hf_name, dim, start, stop)
+        slices concatenated along dim 0 (q/k/v and gate/up are fused here). None: tied, skip."""
+        tp = self.tp
+        if name in ("embed_tokens.weight", "lm_head.weight"):
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                return None
+            layer = self.embed_tokens if name == "embed_tokens.weight" else self.lm_head
+            return [(name, 0, layer.vocab_start, layer.vocab_end)]
+        parts = name.split(".")
+        if parts[0] != "layers" or parts[2] not in ("self_attn", "mlp"):
+            return [(name, 0, 0, -1)]  # norms: replicated
+        prefix, proj, suffix = ".".join(parts[:3]), parts[3], parts[4]
+        attn = self.layers[int(parts[1])].self_attn
+        d = self.head_dim
+        if proj == "qkv_proj":
+            h = attn.heads
+            return [(f"{prefix}.q_proj.{suffix}", 0, h.q_start * d, (h.q_start + h.num_q) * d),
+                    (f"{prefix}.k_proj.{suffix}", 0, h.kv_start * d, (h.kv_start + h.num_kv) * d),
+                    (f"{prefix}.v_proj.{suffix}", 0, h.kv_start * d, (h.kv_start + h.num_kv) * d)]
+        if proj == "gate_up_proj":
+            i = self.config.intermediate_size // tp.size
+            return [(f"{prefix}.gate_proj.{suffix}", 0, tp.rank * i, (tp.rank + 1) * i),
+                    (f"{prefix}.up_proj.{suffix}", 0, tp.rank * i, (tp.rank + 1) * i)]
+        if proj == "o_proj" and suffix == "weight":
+            return [(f"{prefix}.o_proj.weight", 1, attn.heads.q_start * d, (attn.heads.q_start + attn.heads.num_q) * d)]
+        if proj == "down_proj" and suffix == "weight":
+            i = self.config.intermediate_size // tp.size
+            return [(f"{prefix}.down_proj.weight", 1, tp.rank * i, (tp.rank + 1) * i)]
+        return [(name, 0, 0, -1)]  # row-parallel biases: whole, on rank 0
+
+    def load_weights(self, source) -> None:
+        """Fill every parameter from ``source`` (a ``vlite.engine.loader.WeightSource`` with HF
+        names), reading only this rank's slices; vocabulary shards past the end stay zero (padding).
+
+        Raises:
+            ValueError: a tensor is missing or has the wrong shape.
+        """
         own = self.state_dict()
-        missing = [k for k in own if k not in sd or sd[k] is None]
+        plans = {name: self._pieces(name) for name in own}
+        missing = sorted({hf for plan in plans.values() if plan for hf, *_ in plan if hf not in source})
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
         with torch.no_grad():
             for name, param in own.items():
-                src = sd[name]
+                plan = plans[name]
+                if plan is None:
+                    continue
+                src = torch.cat([source.read(hf, dim, start, stop) for hf, dim, start, stop in plan])
+                if src.shape[0] < param.shape[0] and name in ("embed_tokens.weight", "lm_head.weight"):
+                    param.zero_()
+                    param[:src.shape[0]].copy_(src.to(param.dtype))
+                    continue
                 if tuple(src.shape) != tuple(param.shape):
                     raise ValueError(f"tensor {name}: checkpoint shape {tuple(src.shape)}, "
                                      f"model expects {tuple(param.shape)}")
