@@ -121,6 +121,18 @@ class TestTwoRanks:
         # each rank's KV cache holds its 2 of the 4 KV heads: a block costs the same in total
         assert two.bytes_per_block == one.bytes_per_block
 
+    def test_prompt_logprobs_under_tp_equal_one_rank(self, tiny4_checkpoint, tp2_engine):
+        # the prompt rows' logits are gathered on every rank (a collective); rank 0 reduces them
+        params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=3)
+        prompt = list(range(20, 50))  # 30 tokens: chunked over the 24-token step budget
+        expected = make_engine(tiny4_checkpoint, **TP2_ENGINE).generate([prompt], params)[0].prompt_logprobs
+        got = tp2_engine.generate([prompt], params)[0].prompt_logprobs
+        assert got[0] is None and len(got) == len(expected) == len(prompt)
+        for want, have in zip(expected[1:], got[1:]):
+            assert want.keys() == have.keys()
+            for tid in want:
+                assert abs(want[tid].logprob - have[tid].logprob) < 1e-4 and want[tid].rank == have[tid].rank
+
     def test_leak_check_under_tp_is_clean_and_samples_every_worker(self, tp2_engine):
         from vlite.diagnostics.run import run_in_process
         from vlite.diagnostics.workload import synthetic_workload
