@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from vlite.engine.async_engine import AsyncLLMEngine
+    from vlite.engine.core_client import MPAsyncLLMEngine
     from vlite.entrypoints.metrics import ServerMetrics
 
 Status = Literal["loading", "ready", "shutting_down", "failed"]
@@ -42,7 +43,7 @@ class ServerState:
 
     settings: ServerSettings
     status: Status = "loading"
-    engine: AsyncLLMEngine | None = None
+    engine: AsyncLLMEngine | MPAsyncLLMEngine | None = None
     metrics: ServerMetrics | None = None
     model_names: tuple[str, ...] = ()
     model_root: str | None = None
