@@ -73,6 +73,7 @@ class MPAsyncLLMEngine:
         self._sendq: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._groups: dict[str, RequestStreamGroup] = {}  # request id -> its stream group
         self._pending: dict[int, asyncio.Future] = {}  # add and query ids -> their futures
+        self._adding: dict[int, RequestStreamGroup] = {}  # add id -> the group it adds
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
@@ -197,20 +198,15 @@ class MPAsyncLLMEngine:
         if not self._accepting or not self.is_running:
             raise EngineNotRunningError("the engine is not accepting requests (shutting down)")
         group = RequestStreamGroup(self, [r.request_id for r in requests])
-        for rid in group.request_ids:
-            self._groups[rid] = group
         add_id = next(self._ids)
         done = self._loop.create_future()
+        self._adding[add_id] = group  # routed by the receiver once the core has added them
         self._pending[add_id] = done
         self._sendq.put(("add", (add_id, requests)))
         try:
             await done
         except asyncio.CancelledError:
             group.abort()  # the add may still be applied; the abort queued behind it undoes it
-            raise
-        except BaseException:
-            for rid in group.request_ids:
-                self._groups.pop(rid, None)
             raise
         return group
 
@@ -279,6 +275,10 @@ class MPAsyncLLMEngine:
                 if group is not None:
                     calls.append((group._deliver, (ev[1], RuntimeError(ev[2]))))
             elif kind in ("added", "result"):
+                group = self._adding.pop(ev[1], None)
+                if group is not None and ev[2] is None:  # added: route its outputs (they follow this event)
+                    for rid in group.request_ids:
+                        self._groups[rid] = group
                 fut = self._pending.pop(ev[1], None)
                 if fut is not None:
                     value, exc = (None, ev[2]) if kind == "added" else (ev[2], ev[3])
@@ -316,6 +316,7 @@ class MPAsyncLLMEngine:
         for fut in list(self._pending.values()):
             _set_future(fut, None, EngineNotRunningError(message if died else "the engine has stopped"))
         self._pending.clear()
+        self._adding.clear()
         if died and self.on_death is not None:
             self.on_death(message)
 

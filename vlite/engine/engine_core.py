@@ -116,7 +116,7 @@ class EngineCore:
 
     def run(self) -> None:
         """Serve until "stop" (or until the API process closes the input pipe)."""
-        logger.info("engine core loop started (pid %d)", os.getpid())
+        logger.info("engine loop started (engine core process %d)", os.getpid())
         stopping = False
         while not stopping:
             try:
@@ -134,7 +134,7 @@ class EngineCore:
                 self._publish()
         self._refuse_pending()
         self._publish()
-        logger.info("engine core loop stopped")
+        logger.info("engine loop stopped (engine core process)")
 
     # ---- commands -----------------------------------------------------------------------------
     def _apply_commands(self, block: bool) -> bool:
