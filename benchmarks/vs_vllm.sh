@@ -5,14 +5,14 @@
 #   w1        W1 offline (64 prompts, input 32-256, output 16-256, seed 0), float32 and bfloat16, on both
 #             engines: vlite via `vlite bench throughput`, vLLM via its Python LLM API (benchmarks/vllm_w1.py)
 #             on the same token ids (benchmarks/w1_prompts.py).
-#   serving   vLLM's own `bench serve` client (from the vLLM venv) against `vlite serve` and against
+#   serving   vLLM's own `bench serve` client (from the vLLM venv, benchmarks/vllm_bench_serve.py) against `vlite serve` and against
 #             `python -m vllm.entrypoints.openai.api_server`: random 144 in / 72 out, range ratio 0.5,
 #             32 prompts at 2 req/s, EOS ignored.
 #   saturate  the same client at the rates in SAT_RATES (default "2 4 8 16 inf") on both servers;
 #             the saturating rate is the first where vLLM's output throughput grows < 5%.
 # --smoke: 4 prompts everywhere and SAT_RATES="2 inf" (proves the script works; numbers meaningless).
 # Env: VLLM_VENV (default .venv-vllm; installed if missing), SERVE_DTYPE (float32), VLITE_SERVE_ARGS (extra
-# `vlite serve` flags), SAT_PROMPTS (64), PORT (8871). Raw JSON goes to OUT (benchmarks/results/vs_vllm-<stamp>);
+# `vlite serve` flags), ENGINES (servers to measure, default "vlite vllm"), SAT_PROMPTS (64), PORT (8871). Raw JSON goes to OUT (benchmarks/results/vs_vllm-<stamp>);
 # the ratio table is printed at the end (benchmarks/vs_vllm_table.py). Run it on a quiet machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,7 +84,7 @@ start_server() {  # start_server vlite|vllm LOG
   echo "vs_vllm: $kind not healthy after 600 s"; return 1
 }
 bench_serve() {  # bench_serve RESULT_FILE NUM_PROMPTS RATE
-  "$VENV/bin/python" -m vllm.entrypoints.cli.main bench serve --backend openai --base-url "http://127.0.0.1:$PORT" \
+  "$VENV/bin/python" benchmarks/vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL_DIR" --served-model-name "$NAME" --tokenizer "$MODEL_DIR" \
     --dataset-name random --random-input-len 144 --random-output-len 72 --random-range-ratio 0.5 \
     --num-prompts "$2" --request-rate "$3" --ignore-eos --seed 0 \
@@ -121,8 +121,7 @@ fi
 
 # ---- serving -----------------------------------------------------------------------------------------
 if want serving || want saturate; then
-  serve_one vlite
-  serve_one vllm
+  for engine in ${ENGINES:-vlite vllm}; do serve_one "$engine"; done
 fi
 
 { date -u; uptime; } | tee "$OUT/uptime-end.txt"
