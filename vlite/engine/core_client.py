@@ -16,6 +16,7 @@ EngineNotRunningError, and ``on_death(message)`` is called (``vlite serve`` exit
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import multiprocessing
@@ -91,10 +92,14 @@ class MPAsyncLLMEngine:
         ctx = multiprocessing.get_context("spawn")
         in_recv, in_send = ctx.Pipe(duplex=False)
         out_recv, out_send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=run_engine_core, name="vlite-engine-core", daemon=True,
+        # Not daemonic: the core may start processes of its own (tensor-parallel workers). It exits
+        # when its input pipe closes; the atexit hook (run before multiprocessing's own, which joins
+        # children) makes sure of it on an exit that skipped shutdown(), e.g. a forced second Ctrl-C.
+        self._proc = ctx.Process(target=run_engine_core, name="vlite-engine-core", daemon=False,
                                  args=(self.config, in_recv, out_send, logging.getLogger().getEffectiveLevel(),
                                        self.log_stats, self.log_stats_interval))
         self._proc.start()
+        atexit.register(self._atexit)
         in_recv.close()  # the child's ends: closed here, so either side sees EOF when the other exits
         out_send.close()
         self._in, self._out = in_send, out_recv
@@ -153,6 +158,10 @@ class MPAsyncLLMEngine:
             self._kill()
         for t in self._threads:
             await asyncio.to_thread(t.join, 5)
+
+    def _atexit(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._kill()
 
     def _kill(self) -> None:
         self._proc.terminate()
