@@ -48,6 +48,10 @@ if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
 fi
 MODEL_DIR=$($PY -c 'from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 NAME=smollm2
+# Build (or load) the C++ decode kernel before anything is timed: torch's extension cache rebuilds it
+# whenever a different checkout's source path last built it (20-90 s inside the first timed run).
+$PY -c 'from vlite.kernels import cpu_attention; assert cpu_attention.load() is not None' \
+  || echo "vs_vllm: warning: the C++ CPU attention kernel did not build; vlite runs the torch path"
 { date -u; uptime; } | tee "$OUT/uptime-start.txt"
 echo "vs_vllm: parts [$ONLY], model $MODEL_DIR, results in $OUT"
 
