@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A/B of `vlite serve` with the engine core in its own process (A, the default) against the engine loop
-# in the API process (B, --disable-frontend-multiprocessing), interleaved A B A B in one run, each with
+# A/B of `vlite serve` with the engine core in its own process (A, --frontend-multiprocessing) against the
+# engine loop in the API process (B, the default), interleaved A B A B in one run, each with
 # vLLM's `bench serve` client on the serving workload of benchmarks/vs_vllm.sh (random 144 in / 72 out,
 # range ratio 0.5, 32 prompts at 2 req/s, EOS ignored).
 #   bash benchmarks/ab_serve_core.sh [OUT] [ROUNDS]     (default benchmarks/results/ab_serve_core-<stamp>, 2)
@@ -11,9 +11,9 @@ ROUNDS=${2:-2}
 mkdir -p "$OUT"
 { date -u; uptime; } | tee "$OUT/uptime-start.txt"
 for i in $(seq 1 "$ROUNDS"); do
-  ENGINES=vlite bash benchmarks/vs_vllm.sh --only serving --out "$OUT/A$i-engine-process" > "$OUT/A$i.log" 2>&1
-  ENGINES=vlite VLITE_SERVE_ARGS=--disable-frontend-multiprocessing bash benchmarks/vs_vllm.sh --only serving \
-    --out "$OUT/B$i-in-process" > "$OUT/B$i.log" 2>&1
+  ENGINES=vlite VLITE_SERVE_ARGS=--frontend-multiprocessing bash benchmarks/vs_vllm.sh --only serving \
+    --out "$OUT/A$i-engine-process" > "$OUT/A$i.log" 2>&1
+  ENGINES=vlite bash benchmarks/vs_vllm.sh --only serving --out "$OUT/B$i-in-process" > "$OUT/B$i.log" 2>&1
   uptime | tee -a "$OUT/uptime-rounds.txt"
 done
 { date -u; uptime; } | tee "$OUT/uptime-end.txt"

@@ -1,7 +1,7 @@
-"""The engine core in its own process (``vlite serve``'s default) and the in-process option.
+"""The engine core in its own process (``vlite serve --frontend-multiprocessing``) and the in-process default.
 
 Death of the core: requests in flight get an error, the server exits non-zero within seconds,
-no process is left. Death of the API process: the core exits on its own. The in-process option
+no process is left. Death of the API process: the core exits on its own. The in-process default
 (``--disable-frontend-multiprocessing``) serves without a child process.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -17,6 +18,8 @@ import psutil
 import pytest
 from conftest import build_tiny_model_dir
 from serve_harness import ServerProcess
+
+MP = ("--frontend-multiprocessing",)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def _gone(proc: psutil.Process, timeout: float) -> bool:
 
 
 def test_core_death_fails_requests_in_flight_and_the_server_exits_nonzero(model_dir, tmp_path):
-    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160")
+    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160", *MP)
     try:
         srv.wait_ready()
         api = psutil.Process(srv.proc.pid)
@@ -66,10 +69,20 @@ def test_core_death_fails_requests_in_flight_and_the_server_exits_nonzero(model_
 
 
 def test_api_process_death_ends_the_core(model_dir, tmp_path):
-    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160")
+    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160", "--enable-debug-endpoints", *MP)
     try:
         srv.wait_ready()
         core = _core(srv)
+        # the HTTP reads of engine state work across the pipe: /metrics, /debug/blocks
+        r = httpx.post(srv.base_url + "/v1/completions", timeout=30,
+                       json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True, "n": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+        page = httpx.get(srv.base_url + "/metrics", timeout=10).text
+        assert re.search(r'^vlite:generation_tokens_total\{[^}]*\} 16\.0$', page, re.M), page
+        snap = httpx.get(srv.base_url + "/debug/blocks", timeout=10).json()
+        assert snap["num_free_blocks"] + snap["num_cached_blocks"] == snap["num_total_blocks"] == 160
+        assert snap["view"]["registries"]["async.live"] == 0 and snap["view"]["registries"]["core_client.streams"] == 0
+        assert snap["view"]["coverage"]["forks"] >= 1
         srv.proc.kill()  # SIGKILL: no shutdown path runs in the API process
         srv.proc.wait(10)
         assert _gone(core, 15), "the engine core outlived the API process"
@@ -77,9 +90,8 @@ def test_api_process_death_ends_the_core(model_dir, tmp_path):
         srv.stop()
 
 
-def test_in_process_option_serves_without_a_child_process(model_dir, tmp_path):
-    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160",
-                        "--disable-frontend-multiprocessing", "--enable-debug-endpoints")
+def test_in_process_default_serves_without_a_child_process(model_dir, tmp_path):
+    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160", "--enable-debug-endpoints")
     try:
         srv.wait_ready()
         assert psutil.Process(srv.proc.pid).children() == []

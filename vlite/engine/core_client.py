@@ -150,6 +150,9 @@ class MPAsyncLLMEngine:
         self._stopping = True
         if self._proc is None:
             return
+        if self._loop is None:  # launched but never started (shutdown began while loading)
+            await asyncio.to_thread(self._kill)
+            return
         self._sendq.put(("stop", None))
         self._sendq.put(None)
         await asyncio.to_thread(self._proc.join, timeout)
