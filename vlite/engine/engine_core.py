@@ -1,6 +1,6 @@
 """EngineCoreProc: the LLMEngine step loop in a process of its own (vLLM V1's engine core).
 
-``vlite serve`` spawns this process (``multiprocessing`` "spawn" context) so that the model's
+``vlite serve --frontend-multiprocessing`` spawns this process (``multiprocessing`` "spawn" context) so that the model's
 steps never share a GIL with uvicorn, JSON encoding, tokenization and the SSE streams of the
 API process. The API side is ``vlite.engine.core_client.MPAsyncLLMEngine``. The two talk over
 two one-way ``multiprocessing`` pipes carrying pickled tuples:
