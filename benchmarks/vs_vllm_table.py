@@ -75,7 +75,7 @@ def main() -> None:
                    for p in args.dir.glob("sat_*.json"))
     if sweep:
         print("\nrate sweep (output tok/s, P99 TTFT ms):")
-        for rate, p in sweep:
+        for _rate, p in sweep:
             r = json.loads(p.read_text())
             print(f"  {p.stem:>22}: {r['output_throughput']:8.1f} tok/s  P99 TTFT {r['p99_ttft_ms']:8.1f} ms")
     if args.json:
