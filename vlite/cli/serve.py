@@ -51,6 +51,10 @@ def serve(
                                                "(uvicorn's limit_concurrency)."),
     timeout_keep_alive: float = typer.Option(5.0, "--timeout-keep-alive", min=0.1,
                                              help="Seconds an idle keep-alive connection stays open."),
+    frontend_multiprocessing: bool = typer.Option(
+        False, "--frontend-multiprocessing/--disable-frontend-multiprocessing",
+        help="Run the engine loop in an engine core process of its own (vLLM V1's design), or in a thread of "
+             "the API server's process (the default; docs/benchmarks.md says why)."),
     uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level",
                                           help="uvicorn's log level (debug, info, warning, error)."),
 ) -> None:
@@ -81,7 +85,10 @@ def serve(
         exit_code = 1
         server.should_exit = True
 
-    app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)
+    if frontend_multiprocessing:  # the engine core in its own process (vlite.engine.engine_core)
+        app = create_app(settings, None, on_fatal=on_fatal, core_config=config)
+    else:
+        app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
                                     timeout_graceful_shutdown=10, http=with_header_timeout(header_read_timeout),
                                     limit_concurrency=limit_concurrency, timeout_keep_alive=timeout_keep_alive),

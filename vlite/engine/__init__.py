@@ -42,6 +42,7 @@ from vlite.engine.structured_output_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
+    from vlite.engine.core_client import EngineCoreStartError, MPAsyncLLMEngine
     from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
     from vlite.engine.llm_engine import LLMEngine, RequestRejectedError
 
@@ -53,6 +54,8 @@ _LAZY = {
     "EngineNotRunningError": "vlite.engine.async_engine",
     "EngineRequest": "vlite.engine.async_engine",
     "RequestStreamGroup": "vlite.engine.async_engine",
+    "MPAsyncLLMEngine": "vlite.engine.core_client",
+    "EngineCoreStartError": "vlite.engine.core_client",
     "EngineView": "vlite.engine.introspection",
     "EngineInfo": "vlite.engine.introspection",
     "REGISTRIES": "vlite.engine.introspection",
@@ -87,6 +90,7 @@ __all__ = [
     "EngineArgs",
     "EngineClient",
     "EngineConfig",
+    "EngineCoreStartError",
     "EngineNotRunningError",
     "EngineRequest",
     "EngineInfo",
@@ -99,6 +103,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "LLMEngine",
+    "MPAsyncLLMEngine",
     "MAX_ABS_LENGTH_PENALTY",
     "MAX_ABS_LOGIT_BIAS",
     "MAX_LOGPROBS",

@@ -164,6 +164,34 @@ class AsyncLLMEngine:
         return self.engine.block_size
 
     @property
+    def tokenizer(self):
+        """The engine's Hugging Face tokenizer (the API process tokenizes and detokenizes with it)."""
+        return self.engine.tokenizer
+
+    @property
+    def hf_config(self):
+        """The model's Hugging Face config (``vocab_size`` bounds token ids)."""
+        return self.engine.hf_config
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def model_root(self) -> str:
+        return str(self.engine.config.model)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    async def blocks_snapshot(self) -> dict:
+        """The /debug/blocks document (vlite.entrypoints.debug), taken between two steps."""
+        from vlite.entrypoints.debug import blocks_snapshot
+
+        return await self.run_on_engine(lambda engine: blocks_snapshot(engine, self))
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -323,7 +351,7 @@ class AsyncLLMEngine:
             self.engine.abort(request_id)
         except Exception:  # e.g. the planted fault skip-free-on-abort: log it, keep serving
             logger.exception("abort of request %r failed", request_id)
-        final = _aborted_output(live)
+        final = aborted_output(live.request, live.last)
         self._notify(final)
         if deliver:
             self._post(live.group._deliver, request_id, final)
@@ -415,19 +443,17 @@ def _set_future(fut: asyncio.Future, result: Any, exc: BaseException | None) -> 
         fut.set_result(result)
 
 
-def _aborted_output(live: _Live) -> RequestOutput:
-    """The final output of an aborted request: its last output, marked finished.
+def aborted_output(r: EngineRequest, last: RequestOutput | None) -> RequestOutput:
+    """The final output of an aborted request ``r``: its last output ``last``, marked finished.
 
     It has one CompletionOutput per choice (``sampling_params.n``): a choice that had already
     finished keeps its finish_reason, every other one gets "abort" (a choice not seen yet, or a
     beam search that had not finished, gets an empty one), so a stream can end every choice.
     """
     now = time.time()
-    r = live.request
     abort = FinishReason.ABORT.value
     n = r.sampling_params.n
-    if live.last is not None:
-        last = live.last
+    if last is not None:
         by_index = {c.index: dataclasses.replace(c, finish_reason=c.finish_reason or abort) for c in last.outputs}
         completions = [by_index.get(i) or CompletionOutput(i, "", [], finish_reason=abort) for i in range(n)]
         metrics = dataclasses.replace(last.metrics, finished_time=now)

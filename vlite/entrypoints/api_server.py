@@ -2,7 +2,8 @@
 
 The model loads in the background after the socket is bound, so /health answers 503 until
 the engine is ready (and again once shutdown begins). HTTP handlers never touch the engine:
-they go through AsyncLLMEngine (adds, aborts, read-only snapshots on the engine thread).
+they go through AsyncLLMEngine (adds, aborts, read-only snapshots on the engine thread) or,
+with the engine core in its own process, MPAsyncLLMEngine (the same methods, over pipes).
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vlite import __version__
-from vlite.engine import INT64_MAX, INT64_MIN, AsyncLLMEngine, LLMEngine
-from vlite.entrypoints.debug import blocks_snapshot
+from vlite.engine import (
+    INT64_MAX,
+    INT64_MIN,
+    AsyncLLMEngine,
+    EngineConfig,
+    EngineCoreStartError,
+    LLMEngine,
+    MPAsyncLLMEngine,
+)
 from vlite.entrypoints.errors import APIError, install_error_handlers
 from vlite.entrypoints.metrics import ServerMetrics
 from vlite.entrypoints.middleware import (
@@ -91,7 +99,7 @@ def _runtime_bounds(doc: dict, state: ServerState) -> None:
     """Write the bounds known once the model is loaded into the request schemas: ``n`` and
     ``best_of`` <= --max-n, ``max_tokens`` <= max_model_len, token ids < the vocabulary size."""
     schemas = doc.get("components", {}).get("schemas", {})
-    vocab = state.engine.engine.hf_config.vocab_size
+    vocab = state.engine.hf_config.vocab_size
 
     def bound(node, maximum: int) -> None:  # the integer member of a field's schema (or its anyOf)
         for member in [node, *node.get("anyOf", []), *node.get("oneOf", [])]:
@@ -130,47 +138,74 @@ def _openapi(app: FastAPI, state: ServerState) -> dict:
     return app.openapi_schema
 
 
-async def _load(state: ServerState, load_engine: Callable[[], LLMEngine], on_fatal: Callable[[str], None]) -> None:
-    """Load the model off the event loop, then start the engine loop and mark the server ready."""
+async def _load(state: ServerState, load_engine: Callable[[], LLMEngine] | None, on_fatal: Callable[[str], None],
+                core_config: EngineConfig | None = None) -> None:
+    """Load the model off the event loop (in this process, or in the engine core process when
+    ``core_config`` is given), then start the engine loop and mark the server ready."""
+    metrics_box: list[ServerMetrics] = []
+
+    def observe(out) -> None:  # metrics exist once the model's name is known
+        if metrics_box:
+            metrics_box[0].observe(out)
+
+    def on_death(message: str) -> None:  # the engine core process died: fail, exit non-zero
+        state.status = "failed"
+        state.load_error = message
+        on_fatal(message)
+
     try:
-        engine = await asyncio.to_thread(load_engine)
+        if core_config is not None:
+            async_engine = MPAsyncLLMEngine(core_config, on_output=observe, on_death=on_death,
+                                            log_stats=state.settings.log_stats,
+                                            log_stats_interval=state.settings.log_stats_interval)
+            await asyncio.to_thread(async_engine.launch)
+        else:
+            engine = await asyncio.to_thread(load_engine)
+            async_engine = AsyncLLMEngine(engine, on_output=observe, log_stats=state.settings.log_stats,
+                                          log_stats_interval=state.settings.log_stats_interval, on_fatal=on_death)
     except Exception as exc:  # noqa: BLE001 - any load failure ends the server with its message
         state.status = "failed"
-        state.load_error = f"{type(exc).__name__}: {exc}"
+        state.load_error = str(exc) if isinstance(exc, EngineCoreStartError) else f"{type(exc).__name__}: {exc}"
         logger.error("failed to load the model: %s", state.load_error)
         on_fatal(state.load_error)
         return
     if state.status != "loading":  # shutdown began while loading
+        if core_config is not None:
+            await async_engine.shutdown()
         return
-    names = state.settings.served_model_names or (engine.model_name,)
+    names = state.settings.served_model_names or (async_engine.model_name,)
     metrics = ServerMetrics(names[0], lambda: async_engine.latest_stats)
-    async_engine = AsyncLLMEngine(engine, on_output=metrics.observe, log_stats=state.settings.log_stats,
-                                  log_stats_interval=state.settings.log_stats_interval, on_fatal=on_fatal)
+    metrics_box.append(metrics)
     async_engine.start()
     state.model_names = tuple(names)
-    state.model_root = str(engine.config.model)
-    state.max_model_len = engine.max_model_len
+    state.model_root = async_engine.model_root
+    state.max_model_len = async_engine.max_model_len
     state.metrics = metrics
     state.engine = async_engine
     state.status = "ready"
     s = async_engine.latest_stats
-    logger.info("model %s ready: max_model_len %d, %d KV blocks of %d tokens", names[0], engine.max_model_len,
-                s.num_total_blocks, engine.block_size)
+    where = f"engine core process {async_engine.pid}" if core_config is not None else "in-process engine loop"
+    logger.info("model %s ready (%s): max_model_len %d, %d KV blocks of %d tokens", names[0], where,
+                async_engine.max_model_len, s.num_total_blocks, async_engine.block_size)
 
 
-def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
-               on_fatal: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | None,
+               on_fatal: Callable[[str], None] | None = None, core_config: EngineConfig | None = None) -> FastAPI:
     """Build the app; ``load_engine`` runs in a worker thread at startup.
 
-    ``on_fatal(message)`` is called if the model fails to load or the engine dies later (a
-    tensor-parallel rank failed); the CLI stops the server then and exits non-zero.
+    With ``core_config`` the engine runs in its own process instead (``MPAsyncLLMEngine``,
+    ``vlite.engine.engine_core``) and ``load_engine`` is not used.
+
+    ``on_fatal(message)`` is called if the model fails to load or the engine dies later (the
+    engine core process died, or a tensor-parallel rank failed); the CLI stops the server then
+    and exits non-zero.
     ``app.state.server`` is the ServerState (for signal handling and tests).
     """
     state = ServerState(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        loader = asyncio.create_task(_load(state, load_engine, on_fatal or (lambda msg: None)))
+        loader = asyncio.create_task(_load(state, load_engine, on_fatal or (lambda msg: None), core_config))
         yield
         state.begin_shutdown()
         if not loader.done():
@@ -225,7 +260,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
         """vLLM's /tokenize: ``prompt`` or chat ``messages`` -> token ids (tokenized off the event loop)."""
         served_model(state, req.model)
-        tokenizer = state.engine.engine.tokenizer
+        tokenizer = state.engine.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
@@ -242,7 +277,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
     async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
         """vLLM's /detokenize: token ids -> text (decoded off the event loop)."""
         served_model(state, req.model)
-        tokenizer = state.engine.engine.tokenizer
+        tokenizer = state.engine.tokenizer
         vocab = len(tokenizer)
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
@@ -260,7 +295,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine],
         @app.get("/debug/blocks")
         async def debug_blocks() -> JSONResponse:
             """The block manager's state (see vlite.entrypoints.debug); read-only."""
-            doc = await state.engine.run_on_engine(lambda engine: blocks_snapshot(engine, state.engine))
+            doc = await state.engine.blocks_snapshot()
             if state.metrics is not None:  # server state: per-request latency bookkeeping
                 doc["view"]["registries"]["server.metrics_last_token"] = len(state.metrics._last_token_time)
             return JSONResponse(doc)

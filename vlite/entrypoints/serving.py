@@ -123,7 +123,7 @@ def check_limits(state: ServerState, req: SamplingRequest, max_tokens: int, num_
     if max_tokens > state.max_model_len:
         raise APIError(400, f"{max_tokens_param} must be an integer in [1, {state.max_model_len}] (the model's "
                        f"maximum context length), got {max_tokens}", param=max_tokens_param)
-    vocab = state.engine.engine.hf_config.vocab_size
+    vocab = state.engine.hf_config.vocab_size
     bad = [t for t in req.stop_token_ids or () if t >= vocab]
     if bad:
         raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab}), got {bad[0]}", param="stop_token_ids")
@@ -154,7 +154,7 @@ def max_prompt_chars(state: ServerState) -> int:
     (for byte-level BPE the entry is one character per byte, so this is an upper bound). Assumes
     the tokenizer's normalizer does not shorten text (true of byte-level BPE and SentencePiece)."""
     if state.max_prompt_chars is None:
-        vocab = state.engine.engine.tokenizer.get_vocab()
+        vocab = state.engine.tokenizer.get_vocab()
         state.max_prompt_chars = state.max_model_len * max(len(t) for t in vocab)
     return state.max_prompt_chars
 
@@ -474,7 +474,7 @@ class OpenAIServing(ABC):
         self.req = req
         self.request = request
         self.state = state
-        self.tokenizer = state.engine.engine.tokenizer
+        self.tokenizer = state.engine.tokenizer
         self.model = state.model_name  # the name to answer with (set from ``req.model`` by serve())
         self.response_id = ""  # set by serve() once the request id is known
 

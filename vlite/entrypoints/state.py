@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from vlite.engine import AsyncLLMEngine
+    from vlite.engine import AsyncLLMEngine, MPAsyncLLMEngine
     from vlite.entrypoints.metrics import ServerMetrics
 
 Status = Literal["loading", "ready", "shutting_down", "failed"]
@@ -42,7 +42,7 @@ class ServerState:
 
     settings: ServerSettings
     status: Status = "loading"
-    engine: AsyncLLMEngine | None = None
+    engine: AsyncLLMEngine | MPAsyncLLMEngine | None = None
     metrics: ServerMetrics | None = None
     model_names: tuple[str, ...] = ()
     model_root: str | None = None
