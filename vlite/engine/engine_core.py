@@ -89,7 +89,9 @@ def portable_exception(exc: BaseException) -> BaseException:
 
 
 @dataclass
-class _Live:
+class _CoreLiveRequest:
+    """A request the core has added: its EngineRequest and the last output sent for it."""
+
     request: Any  # EngineRequest
     last: RequestOutput | None = None
 
@@ -110,7 +112,7 @@ class EngineCore:
         self.outputs = outputs
         self.log_stats = log_stats
         self.log_stats_interval = log_stats_interval
-        self._live: dict[str, _Live] = {}  # EngineView reads its size ("async.live")
+        self._live: dict[str, _CoreLiveRequest] = {}  # EngineView reads its size ("async.live")
         self._events: list[tuple] = []
         self._last_log = (time.monotonic(), 0, 0)
 
@@ -179,7 +181,7 @@ class EngineCore:
                 self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
                                         request_id=r.request_id, origin=r.origin)
                 added.append(r.request_id)
-                self._live[r.request_id] = _Live(r)
+                self._live[r.request_id] = _CoreLiveRequest(r)
         except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
             for rid in added:
                 self._abort(rid, deliver=False)
