@@ -83,6 +83,18 @@ def test_api_process_death_ends_the_core(model_dir, tmp_path):
         assert snap["num_free_blocks"] + snap["num_cached_blocks"] == snap["num_total_blocks"] == 160
         assert snap["view"]["registries"]["async.live"] == 0 and snap["view"]["registries"]["core_client.streams"] == 0
         assert snap["view"]["coverage"]["forks"] >= 1
+        # structured output (validated in the API process, compiled again in the core) and
+        # prompt logprobs (computed in the core) cross the pipe
+        r = httpx.post(srv.base_url + "/v1/completions", timeout=30, json={
+            "prompt": "x", "max_tokens": 8, "temperature": 0, "prompt_logprobs": 1,
+            "structured_outputs": {"choice": ["yes", "no"]}})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["text"] in ("yes", "no") and choice["finish_reason"] == "stop"
+        assert choice["prompt_logprobs"][0] is None
+        bad = httpx.post(srv.base_url + "/v1/completions", timeout=30, json={
+            "prompt": "x", "max_tokens": 8, "structured_outputs": {"regex": "[a-"}})
+        assert bad.status_code == 400 and "invalid regex" in bad.json()["error"]["message"]
         srv.proc.kill()  # SIGKILL: no shutdown path runs in the API process
         srv.proc.wait(10)
         assert _gone(core, 15), "the engine core outlived the API process"

@@ -174,6 +174,12 @@ class AsyncLLMEngine:
         return self.engine.hf_config
 
     @property
+    def structured_output_compiler(self):
+        """The engine's grammar compiler cache (``StructuredOutputManager``; thread-safe): the
+        server compiles a request's constraint in it before queueing."""
+        return self.engine.structured_output
+
+    @property
     def model_name(self) -> str:
         return self.engine.model_name
 

@@ -36,6 +36,7 @@ from vlite.engine.config import EngineConfig
 from vlite.engine.engine_core import run_engine_core
 from vlite.engine.metrics import EngineStats
 from vlite.engine.outputs import RequestOutput
+from vlite.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("vlite.core_client")
 
@@ -65,6 +66,7 @@ class MPAsyncLLMEngine:
         self.config = config
         self.on_output = on_output
         self.on_death = on_death
+        self._compiler: StructuredOutputManager | None = None  # built on first use
         self.log_stats = log_stats
         self.log_stats_interval = log_stats_interval
         self.latest_stats: EngineStats | None = None
@@ -182,6 +184,17 @@ class MPAsyncLLMEngine:
     @property
     def hf_config(self):
         return self.info["hf_config"]
+
+    @property
+    def structured_output_compiler(self) -> StructuredOutputManager:
+        """A grammar compiler in the API process, over the core's tokenizer: it validates a
+        request's constraint (a 400 before queueing) off the event loop; the core compiles the
+        grammar again into its own cache when the request arrives (one compile per distinct
+        constraint, cached there afterwards)."""
+        if self._compiler is None:
+            self._compiler = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
+                                                     self.info.get("eos_token_ids", ()))
+        return self._compiler
 
     @property
     def model_name(self) -> str:

@@ -271,5 +271,5 @@ def run_engine_core(config: EngineConfig, inputs: Connection, outputs: Connectio
     outputs.send(("ready", {"tokenizer": engine.tokenizer, "hf_config": engine.hf_config,
                             "model_name": engine.model_name, "model_root": str(engine.config.model),
                             "max_model_len": engine.max_model_len, "block_size": engine.block_size,
-                            "stats": engine.stats(), "pid": os.getpid()}))
+                            "eos_token_ids": list(engine.eos_token_ids), "stats": engine.stats(), "pid": os.getpid()}))
     EngineCore(engine, inputs, outputs, log_stats=log_stats, log_stats_interval=log_stats_interval).run()

@@ -99,7 +99,7 @@ async def compile_constraint(state: ServerState, req: SamplingRequest, params: S
         APIError: 400 naming ``response_format`` or ``structured_outputs`` for an invalid schema,
             regex, choice list or grammar, with llguidance's reason.
     """
-    compiler = state.engine.engine.structured_output
+    compiler = state.engine.structured_output_compiler
     try:
         await asyncio.get_running_loop().run_in_executor(state.tokenizer_pool(), compiler.compile, params)
     except ValueError as exc:
