@@ -115,6 +115,28 @@ class _Live:
     last: RequestOutput | None = None
 
 
+def apply_commands(loop, commands: list[tuple[str, Any]]) -> bool:
+    """Apply queued ``(kind, arg)`` commands, in order, to an engine loop (``AsyncLLMEngine`` in
+    a thread, ``EngineCore`` in its own process): "add", "abort" (request ids), "abort_all",
+    "call" and "stop" (which also aborts everything). Returns True when a "stop" came."""
+    stop = False
+    for kind, arg in commands:
+        if kind == "add":
+            loop._add(*arg)
+        elif kind == "abort":
+            for rid in arg:
+                loop._abort(rid)
+        elif kind == "abort_all":
+            loop._abort_all()
+        elif kind == "call":
+            loop._call(*arg)
+        elif kind == "stop":
+            stop = True
+    if stop:
+        loop._abort_all()
+    return stop
+
+
 class AsyncLLMEngine:
     """Runs ``engine`` in one background thread and serves it to asyncio code.
 
@@ -317,22 +339,7 @@ class AsyncLLMEngine:
                 commands.append(self._commands.get_nowait())
             except queue.Empty:
                 break
-        stop = False
-        for kind, arg in commands:
-            if kind == "add":
-                self._add(*arg)
-            elif kind == "abort":
-                for rid in arg:
-                    self._abort(rid)
-            elif kind == "abort_all":
-                self._abort_all()
-            elif kind == "call":
-                self._call(*arg)
-            elif kind == "stop":
-                stop = True
-        if stop:
-            self._abort_all()
-        return stop
+        return apply_commands(self, commands)
 
     def _add(self, group: RequestStreamGroup, requests: list[EngineRequest], done: asyncio.Future) -> None:
         added: list[str] = []

@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection
 from types import MappingProxyType
 from typing import Any
 
+from vlite.engine.async_engine import apply_commands
 from vlite.engine.config import EngineConfig
 from vlite.engine.metrics import format_log_stats
 from vlite.engine.outputs import RequestOutput
@@ -146,22 +147,7 @@ class EngineCore:
             commands.append(self.inputs.recv())
             while self.inputs.poll(0):
                 commands.append(self.inputs.recv())
-        stop = False
-        for kind, arg in commands:
-            if kind == "add":
-                self._add(*arg)
-            elif kind == "abort":
-                for rid in arg:
-                    self._abort(rid)
-            elif kind == "abort_all":
-                self._abort_all()
-            elif kind == "call":
-                self._call(*arg)
-            elif kind == "stop":
-                stop = True
-        if stop:
-            self._abort_all()
-        return stop
+        return apply_commands(self, commands)
 
     def _refuse_pending(self) -> None:
         from vlite.engine.async_engine import EngineNotRunningError
