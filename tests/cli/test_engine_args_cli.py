@@ -110,3 +110,38 @@ def test_serve_rejects_an_unknown_fault_before_anything_else():
     res = _invoke("serve", "--model", "/no/such/model", "--inject-fault", "nope")
     assert res.exit_code == 2
     assert "unknown fault 'nope'; known faults: skip-free-on-abort" in res.output
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from conftest import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("cli-tiny"))  # 4 query heads, 2 KV heads
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-tp", "3"], "tensor_parallel_size 3 cannot split this model"),
+    (["--dtype", "float16", "--device", "cpu"], "--dtype float16 needs CUDA"),
+])
+def test_serve_refuses_what_the_model_or_host_cannot_run_before_binding(tiny_dir, args, message, monkeypatch):
+    # the check runs before the port is bound: a listener that would be reached means it did not
+    from vlite.cli import serve
+
+    monkeypatch.setattr(serve, "_check_can_listen", lambda *a: pytest.fail("got past the engine checks"))
+    res = _invoke("serve", "--model", str(tiny_dir), *args)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+
+
+def test_device_cuda_without_cuda_is_one_line(tiny_dir, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only torch, as in CI
+    res = _invoke("generate", "hi", "--model", str(tiny_dir), "--device", "cuda")
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "sees no CUDA device; use --device cpu" in lines[0], res.output
+
+
+def test_uvicorn_log_level_is_a_choice():
+    res = _invoke("serve", "--model", "/no/such/model", "--uvicorn-log-level", "loud")
+    assert res.exit_code == 2 and "'loud' is not one of" in res.output and "Traceback" not in res.output

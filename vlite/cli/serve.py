@@ -26,6 +26,15 @@ DEFAULT_LIMIT_CONCURRENCY = 1024
 ServedNameOpt = typer.Option(None, "--served-model-name", help="Name(s) clients use in 'model' (default: the model's).")
 
 
+
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _check_log_level(value: str) -> str:
+    if value not in UVICORN_LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(UVICORN_LOG_LEVELS)}")
+    return value
+
 @common.engine_args_options(include_faults=True)
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default)."),
@@ -55,11 +64,11 @@ def serve(
         False, "--frontend-multiprocessing/--disable-frontend-multiprocessing",
         help="Run the engine loop in an engine core process of its own (vLLM V1's design), or in a thread of "
              "the API server's process (the default; docs/benchmarks.md says why)."),
-    uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level",
-                                          help="uvicorn's log level (debug, info, warning, error)."),
+    uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level", callback=_check_log_level,
+                                          help=f"uvicorn's log level ({', '.join(UVICORN_LOG_LEVELS)})."),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
-    from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine
+    from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine, ModelNotFoundError, check_engine_config
     from vlite.entrypoints.api_server import create_app
     from vlite.entrypoints.http_protocol import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
@@ -69,6 +78,10 @@ def serve(
     if not Path(model).exists() and model.lower() not in DEFAULT_MODEL_ALIASES:
         common.fail(f"model {model!r} is neither a local directory or .gguf file nor the default model "
                     f"{common.DEFAULT_MODEL}")
+    try:  # before binding: a bad device, dtype or tensor-parallel size is one line and exit 2
+        check_engine_config(config)
+    except (ModelNotFoundError, ValueError) as exc:
+        common.fail(str(exc))
     _check_can_listen(host, port)
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
                               enable_debug_endpoints=enable_debug_endpoints,

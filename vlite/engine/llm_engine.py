@@ -52,6 +52,40 @@ class EngineDeadError(RuntimeError):
 _request_counter = itertools.count()
 
 
+def resolve_device(config: EngineConfig) -> torch.device:
+    """The device ``config`` runs on (``config.device``, else CUDA when available), checked
+    against this torch build and the dtype.
+
+    Raises:
+        ValueError: CUDA asked for but this torch has none, or float16 on CPU (one line each).
+    """
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda, but this torch ({torch.__version__}) sees no CUDA device; "
+                         "use --device cpu")
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu" and config.dtype == "float16":
+        raise ValueError("--dtype float16 needs CUDA; on CPU use float32 (the default) or bfloat16")
+    return device
+
+
+def check_engine_config(config: EngineConfig) -> None:
+    """The checks of ``LLMEngine`` that need torch or the model's config but not its weights,
+    for a server to run before it binds its port: the device and dtype, and whether
+    ``tensor_parallel_size`` can split the model.
+
+    Raises:
+        ValueError: one line saying what is wrong and what is allowed.
+        ModelNotFoundError: the model cannot be found locally.
+    """
+    resolve_device(config)
+    if config.parallel.tensor_parallel_size > 1:
+        from vlite.engine.models.parallel_layers import check_tp_size
+
+        hf = load_checkpoint(config.model, weights=False).config
+        num_kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        check_tp_size(config.parallel.tensor_parallel_size, hf.num_attention_heads, num_kv, hf.intermediate_size)
+
+
 class LLMEngine:
     """The offline/online engine.
 
@@ -78,7 +112,7 @@ class LLMEngine:
         self.model_name = ckpt.name
         self.tokenizer = ckpt.tokenizer
         self.hf_config = ckpt.config
-        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(config)
         self.dtype = _DTYPES[config.dtype]
         self.max_model_len = self._derive_max_model_len()
         torch.manual_seed(config.seed)

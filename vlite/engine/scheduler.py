@@ -16,6 +16,7 @@ final ``RequestRecord`` (kept in a bounded history for leak attribution).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -36,6 +37,8 @@ from vlite.engine.structured_output import StructuredOutputManager
 
 if TYPE_CHECKING:
     from vlite.engine.model_runner import StepResult
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -368,11 +371,12 @@ class Scheduler:
         done = seq.num_output_tokens >= p.min_tokens
         if grammar_error is not None:
             # The sampler only offers tokens the grammar allows, so a rejection means the
-            # request's other constraints (allowed_token_ids, bad_words, min_tokens) left none.
+            # request's token filters (allowed_token_ids, bad_words) left none of them; the
+            # matcher's own dump (grammar_error) is internal, so it goes to the debug log only.
+            logger.debug("request %r: %s", seq.request_id, grammar_error)
             self.finish_sequence(seq, FinishReason.ERROR, error_kind="request", error=(
-                f"the request's constraints leave no token that structured output allows at output token "
-                f"{seq.num_output_tokens}: allowed_token_ids, bad_words or min_tokens exclude every token "
-                f"the grammar accepts next ({grammar_error})"))
+                f"the request's constraints leave no token to generate at output token {seq.num_output_tokens}: "
+                "allowed_token_ids or bad_words exclude every token that its structured output allows next"))
         elif done and token in p.stop_token_ids:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=token)
         elif done and not p.ignore_eos and token in seq.eos_token_ids:
