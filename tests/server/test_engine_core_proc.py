@@ -1,7 +1,8 @@
-"""The engine core in its own process (``vlite serve --frontend-multiprocessing``) and the in-process default.
+"""The engine core in its own process (``vlite serve``'s default, ``--frontend-multiprocessing``) and the
+in-process option.
 
 Death of the core: requests in flight get an error, the server exits non-zero within seconds,
-no process is left. Death of the API process: the core exits on its own. The in-process default
+no process is left. Death of the API process: the core exits on its own. The in-process option
 (``--disable-frontend-multiprocessing``) serves without a child process.
 """
 
@@ -19,7 +20,7 @@ import pytest
 from conftest import build_tiny_model_dir
 from serve_harness import ServerProcess
 
-MP = ("--frontend-multiprocessing",)
+MP = ()  # the engine core process is the default
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +103,9 @@ def test_api_process_death_ends_the_core(model_dir, tmp_path):
         srv.stop()
 
 
-def test_in_process_default_serves_without_a_child_process(model_dir, tmp_path):
-    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160", "--enable-debug-endpoints")
+def test_in_process_option_serves_without_a_child_process(model_dir, tmp_path):
+    srv = ServerProcess(model_dir, tmp_path / "server.log", "--num-blocks", "160", "--enable-debug-endpoints",
+                        "--disable-frontend-multiprocessing")
     try:
         srv.wait_ready()
         assert psutil.Process(srv.proc.pid).children() == []

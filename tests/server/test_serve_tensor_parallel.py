@@ -33,7 +33,11 @@ def server(tiny4_dir, tmp_path):
 
 
 def _workers(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    """The rank processes: spawned descendants of the server that start no processes of their own
+    (the engine core process, the server's default, is their parent)."""
+    spawned = [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    parents = {p.ppid() for p in spawned}
+    return [p for p in spawned if p.pid not in parents]
 
 
 def test_serve_tp2_matches_one_rank_then_survives_nothing_of_a_killed_worker(server, tiny4_dir):

@@ -61,9 +61,9 @@ def serve(
     timeout_keep_alive: float = typer.Option(5.0, "--timeout-keep-alive", min=0.1,
                                              help="Seconds an idle keep-alive connection stays open."),
     frontend_multiprocessing: bool = typer.Option(
-        False, "--frontend-multiprocessing/--disable-frontend-multiprocessing",
-        help="Run the engine loop in an engine core process of its own (vLLM V1's design), or in a thread of "
-             "the API server's process (the default; docs/benchmarks.md says why)."),
+        True, "--frontend-multiprocessing/--disable-frontend-multiprocessing",
+        help="Run the engine loop in an engine core process of its own (the default, vLLM V1's design), or "
+             "in a thread of the API server's process (docs/benchmarks.md has both measured)."),
     uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level", callback=_check_log_level,
                                           help=f"uvicorn's log level ({', '.join(UVICORN_LOG_LEVELS)})."),
 ) -> None:

@@ -38,6 +38,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -127,6 +128,11 @@ class EngineCore:
                 if not stopping and self.engine.has_unfinished_requests():
                     self._publish()  # adds, aborts and their stats go out before the step's wait
                     self._step()
+                    if self.engine.dead_error is not None:  # a tensor-parallel rank failed
+                        logger.error("the engine died: %s", self.engine.dead_error)
+                        self._abort_all()
+                        self._publish()
+                        return  # the process exits; the API process sees its pipe close
                 self._publish()
                 self._maybe_log_stats()
             except (EOFError, OSError):  # the API process is gone: nobody to serve
@@ -259,3 +265,6 @@ def run_engine_core(config: EngineConfig, inputs: Connection, outputs: Connectio
                             "max_model_len": engine.max_model_len, "block_size": engine.block_size,
                             "eos_token_ids": list(engine.eos_token_ids), "stats": engine.stats(), "pid": os.getpid()}))
     EngineCore(engine, inputs, outputs, log_stats=log_stats, log_stats_interval=log_stats_interval).run()
+    if engine.dead_error is not None:
+        engine.shutdown()  # stop the ranks still alive
+        sys.exit(1)
