@@ -115,6 +115,17 @@ class _Live:
     last: RequestOutput | None = None
 
 
+def notify_output(on_output: Callable[[RequestOutput], None] | None, out: RequestOutput) -> None:
+    """Hand ``out`` to the server's ``on_output`` callback (metrics); a failing callback is logged,
+    never allowed to stop an engine loop."""
+    if on_output is None:
+        return
+    try:
+        on_output(out)
+    except Exception:
+        logger.exception("on_output callback failed")
+
+
 def apply_commands(loop, commands: list[tuple[str, Any]]) -> bool:
     """Apply queued ``(kind, arg)`` commands, in order, to an engine loop (``AsyncLLMEngine`` in
     a thread, ``EngineCore`` in its own process): "add", "abort" (request ids), "abort_all",
@@ -405,12 +416,7 @@ class AsyncLLMEngine:
             self._post(live.group._deliver, out.request_id, out)
 
     def _notify(self, out: RequestOutput) -> None:
-        if self.on_output is None:
-            return
-        try:
-            self.on_output(out)
-        except Exception:
-            logger.exception("on_output callback failed")
+        notify_output(self.on_output, out)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Queue ``fn(*args)`` for the event loop; sent by ``_publish``."""

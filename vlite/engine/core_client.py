@@ -31,6 +31,7 @@ from vlite.engine.async_engine import (
     RequestStreamGroup,
     _run_all,
     _set_future,
+    notify_output,
 )
 from vlite.engine.config import EngineConfig
 from vlite.engine.engine_core import run_engine_core
@@ -319,12 +320,7 @@ class MPAsyncLLMEngine:
             pass
 
     def _notify(self, out: RequestOutput) -> None:
-        if self.on_output is None:
-            return
-        try:
-            self.on_output(out)
-        except Exception:
-            logger.exception("on_output callback failed")
+        notify_output(self.on_output, out)
 
     def _core_exited(self) -> None:
         """On the event loop, once the output pipe closed: a stop, or the core process's death."""
