@@ -126,6 +126,29 @@ def notify_output(on_output: Callable[[RequestOutput], None] | None, out: Reques
         logger.exception("on_output callback failed")
 
 
+def abort_live(engine: LLMEngine, live: dict[str, Any], request_id: str) -> RequestOutput | None:
+    """Abort one request of an engine loop's ``live`` map (its entries have ``request`` and
+    ``last``): drop it, free it through the engine's one abort path, and return its final
+    "abort" output; None if it already finished. A failing abort (the planted fault
+    skip-free-on-abort) is logged; the loop keeps serving."""
+    entry = live.pop(request_id, None)
+    if entry is None:
+        return None  # already finished (or never added): nothing to free
+    try:
+        engine.abort(request_id)
+    except Exception:
+        logger.exception("abort of request %r failed", request_id)
+    return aborted_output(entry.request, entry.last)
+
+
+def abort_all(loop) -> None:
+    """Abort every request in flight of an engine loop (``loop._live``, ``loop._abort``)."""
+    if loop._live:
+        logger.info("aborting %d request(s) in flight", len(loop._live))
+    for rid in list(loop._live):
+        loop._abort(rid)
+
+
 def apply_commands(loop, commands: list[tuple[str, Any]]) -> bool:
     """Apply queued ``(kind, arg)`` commands, in order, to an engine loop (``AsyncLLMEngine`` in
     a thread, ``EngineCore`` in its own process): "add", "abort" (request ids), "abort_all",
@@ -368,23 +391,16 @@ class AsyncLLMEngine:
         self._post(_set_future, done, None, None)
 
     def _abort(self, request_id: str, deliver: bool = True) -> None:
-        live = self._live.pop(request_id, None)
-        if live is None:
-            return  # already finished (or never added): nothing to free
-        try:
-            self.engine.abort(request_id)
-        except Exception:  # e.g. the planted fault skip-free-on-abort: log it, keep serving
-            logger.exception("abort of request %r failed", request_id)
-        final = aborted_output(live.request, live.last)
+        live = self._live.get(request_id)
+        final = abort_live(self.engine, self._live, request_id)
+        if final is None:
+            return
         self._notify(final)
         if deliver:
             self._post(live.group._deliver, request_id, final)
 
     def _abort_all(self) -> None:
-        if self._live:
-            logger.info("aborting %d request(s) in flight", len(self._live))
-        for rid in list(self._live):
-            self._abort(rid)
+        abort_all(self)
 
     def _call(self, fn: Callable[[LLMEngine], Any], done: asyncio.Future) -> None:
         try:

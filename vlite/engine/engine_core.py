@@ -46,7 +46,7 @@ from multiprocessing.connection import Connection
 from types import MappingProxyType
 from typing import Any
 
-from vlite.engine.async_engine import apply_commands
+from vlite.engine.async_engine import abort_all, abort_live, apply_commands
 from vlite.engine.config import EngineConfig
 from vlite.engine.metrics import format_log_stats
 from vlite.engine.outputs import RequestOutput
@@ -182,22 +182,12 @@ class EngineCore:
         self._events.append(("added", add_id, None))
 
     def _abort(self, request_id: str, deliver: bool = True) -> None:
-        from vlite.engine.async_engine import aborted_output
-
-        live = self._live.pop(request_id, None)
-        if live is None:
-            return  # already finished (or never added): nothing to free
-        try:
-            self.engine.abort(request_id)
-        except Exception:  # e.g. the planted fault skip-free-on-abort: log it, keep serving
-            logger.exception("abort of request %r failed", request_id)
-        self._events.append(("out", aborted_output(live.request, live.last), deliver))
+        final = abort_live(self.engine, self._live, request_id)
+        if final is not None:
+            self._events.append(("out", final, deliver))
 
     def _abort_all(self) -> None:
-        if self._live:
-            logger.info("aborting %d request(s) in flight", len(self._live))
-        for rid in list(self._live):
-            self._abort(rid)
+        abort_all(self)
 
     def _call(self, call_id: int, name: str) -> None:
         try:
