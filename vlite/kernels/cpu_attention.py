@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
+import sys
 import threading
 from pathlib import Path
 
@@ -49,15 +50,16 @@ def load():
 
 
 def _build():
-    # the source's hash in the name: two checkouts of different versions on one machine each keep
-    # their own build instead of rebuilding over each other
-    source_tag = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:8]
+    # the source's and the Python environment's hash in the name: the build command holds the
+    # venv's torch paths, so two checkouts (or venvs) sharing one cache each keep their own build
+    # instead of rebuilding over each other at every start
+    source_tag = hashlib.sha256(_SOURCE.read_bytes() + sys.prefix.encode()).hexdigest()[:8]
     name = f"vlite_cpu_paged_attention_{_cpu_tag()}_{source_tag}"
     try:
         from torch.utils.cpp_extension import load as load_extension
 
         if not _already_built(name):  # a first start would otherwise look like a slow model load
-            logger.warning("building the C++ CPU attention kernel (once per machine, about 20 s) ...")
+            logger.warning("building the C++ CPU attention kernel (once per machine and venv, about 20 s) ...")
         return load_extension(name=name, sources=[str(_SOURCE)],
                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                               verbose=False)
