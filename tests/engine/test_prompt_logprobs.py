@@ -38,7 +38,10 @@ def check_against_hf(hf_model, ids: list[int], prompt_logprobs: list, k: int) ->
         entry, row = prompt_logprobs[i], ref[i - 1]
         token = ids[i]
         assert abs(entry[token].logprob - float(row[token])) < TOL, f"position {i}"
-        assert entry[token].rank == int((row > row[token]).sum()) + 1
+        # the rank transformers' logits give, up to the tokens whose logprob lies within 1e-5 of
+        # this one (deep in a random model's near-flat distribution, a last-bit difference swaps them)
+        lo, hi = int((row > row[token] + 1e-5).sum()) + 1, int((row >= row[token] - 1e-5).sum())
+        assert lo <= entry[token].rank <= hi, (entry[token].rank, lo, hi)
         top = torch.topk(row, k)
         for rank, (tid, val) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
             assert abs(entry[tid].logprob - val) < TOL

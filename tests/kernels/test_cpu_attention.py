@@ -7,7 +7,7 @@ import torch
 from conftest import make_engine
 
 from vlite.engine.sampling_params import SamplingParams
-from vlite.kernels import attention, cpu_attention, torch_ref
+from vlite.kernels import attention, cpu_attention, cpu_extension, fused_ops, torch_ref
 from vlite.kernels.attention import AttentionMetadata
 
 
@@ -110,10 +110,11 @@ def test_engine_uses_the_kernel_and_matches_the_torch_path(kernel, tiny_checkpoi
 
 
 def test_without_the_kernel_the_torch_path_runs(tiny_checkpoint, monkeypatch):
-    """A machine without a compiler: load() returns None and decodes stay on torch."""
+    """A machine without a compiler: load() returns None, decodes and the fused ops stay on torch."""
     monkeypatch.delenv("VLITE_ATTENTION_BACKEND", raising=False)
-    monkeypatch.setitem(cpu_attention._state, "module", None)
+    monkeypatch.setitem(cpu_extension._state, "module", None)
     assert attention.prepare_backend("cpu") == "torch"
+    assert fused_ops.ops_for(torch.zeros(1, 64), 64, 16, 128).name == "torch"
     out = make_engine(tiny_checkpoint).generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(RuntimeError, match="not loaded"):

@@ -12,64 +12,17 @@
 // sum, then the probability-weighted sum of V. One task per (sequence, KV head), spread over
 // torch's OpenMP threads by at::parallel_for. Vectors are GCC vector extensions (16 floats),
 // so the compiler emits AVX-512 (or pairs of AVX2 registers) for the machine it builds on.
-#include <torch/extension.h>
+#include "cpu_ops.h"
+#include "cpu_vec.h"
+
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
+using namespace vlite_cpu;
+
 namespace {
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-typedef uint16_t v16u16 __attribute__((vector_size(32)));
-
-inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof(v)); return v; }
-inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-// bfloat16 -> float32 is exact: the 16 bits become the high half of the float.
-inline v16 load16(const at::BFloat16* p) {
-  v16u16 h;
-  std::memcpy(&h, p, sizeof(h));
-  v16i w = __builtin_convertvector(h, v16i) << 16;
-  v16 v;
-  std::memcpy(&v, &w, sizeof(v));
-  return v;
-}
-// float32 -> bfloat16 rounds to nearest even (c10::BFloat16's conversion).
-inline void store16(at::BFloat16* p, v16 v) {
-  for (int l = 0; l < 16; ++l) p[l] = at::BFloat16(v[l]);
-}
-inline v16 splat(float x) { return v16{} + x; }
-
-inline float hsum(v16 v) {
-  float s = 0.f;
-  for (int l = 0; l < 16; ++l) s += v[l];
-  return s;
-}
-
-// exp(x) for x <= 0 (scores after the max is subtracted): Cephes' expf, 2^n * p(r) with a
-// degree-6 polynomial, about 1 ulp; 16 lanes.
-inline v16 exp16(v16 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  v16 t = x * 1.44269504088896341f;
-  v16i ni = __builtin_convertvector(t - 0.5f, v16i);  // x <= 0: truncation rounds toward 0
-  v16 n = __builtin_convertvector(ni, v16);
-  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  v16i bits;
-  std::memcpy(&bits, &p, 64);
-  bits += ni << 23;
-  std::memcpy(&p, &bits, 64);
-  return p;
-}
 
 constexpr int kMaxGroup = 8;
 constexpr int kMaxDimVecs = 16;  // head_dim <= 256
@@ -96,15 +49,31 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
           for (int64_t o = 0, stop = std::min(bs, len - t0); o < stop; ++o) visit(t0 + o, block + o * slot_stride);
         }
       };
-      for_each_token(kc, [&](int64_t t, const T* k) {
-        v16 kv[kMaxDimVecs];
-        for (int64_t j = 0; j < dv; ++j) kv[j] = load16(k + j * 16);
-        for (int64_t g = 0; g < group; ++g) {
-          v16 acc = qv[g][0] * kv[0];
-          for (int64_t j = 1; j < dv; ++j) acc += qv[g][j] * kv[j];
-          scores[g * padded + t] = hsum(acc);
+      // scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
+      const T* rows[16];
+      for (int64_t t0 = 0; t0 < len; t0 += 16) {
+        const int64_t m = std::min<int64_t>(16, len - t0);
+        if (bs % 16 == 0 && m == 16) {  // all 16 in one block, consecutive slots
+          const T* first = kc + (table[t0 / bs] * bs + t0 % bs) * slot_stride + h * dim;
+          for (int i = 0; i < 16; ++i) rows[i] = first + i * slot_stride;
+        } else {
+          for (int64_t i = 0; i < 16; ++i) {
+            const int64_t t = t0 + (i < m ? i : 0);  // past the end: any valid row, masked below
+            rows[i] = kc + (table[t / bs] * bs + t % bs) * slot_stride + h * dim;
+          }
         }
-      });
+        for (int64_t g = 0; g < group; ++g) {
+          v16 acc[16];
+          for (int i = 0; i < 16; ++i) {
+            v16 a = qv[g][0] * load16(rows[i]);
+            for (int64_t j = 1; j < dv; ++j) a += qv[g][j] * load16(rows[i] + j * 16);
+            acc[i] = a;
+          }
+          v16 sums = hsum16x16(acc);
+          for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
+          store16(&scores[g * padded + t0], sums);
+        }
+      }
       float inv[kMaxGroup];
       for (int64_t g = 0; g < group; ++g) {
         float* s = &scores[g * padded];
@@ -114,7 +83,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
         for (int l = 1; l < 16; ++l) mx = std::max(mx, m[l]);
         v16 sum = {};
         for (int64_t t = 0; t < padded; t += 16) {
-          v16 e = exp16(load16(s + t) - mx);
+          v16 e = exp16_nonpositive(load16(s + t) - mx);
           e = load16(s + t) == splat(-INFINITY) ? splat(0.f) : e;
           store16(s + t, e);
           sum += e;
@@ -166,8 +135,4 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
                          seq_lens.data_ptr<int64_t>(), out.data_ptr<at::BFloat16>(), n, hq, hkv, d, bs,
                          block_tables.stride(0), static_cast<float>(scale));
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (float32 or bfloat16, CPU)");
 }

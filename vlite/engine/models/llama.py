@@ -25,7 +25,10 @@ from vlite.engine.models.parallel_layers import (
     check_tp_size,
     partition_heads,
 )
-from vlite.kernels.attention import AttentionMetadata, paged_attention, store_kvcache
+from vlite.kernels.attention import AttentionMetadata, paged_attention
+from vlite.kernels.fused_ops import CppOps, TorchOps, ops_for
+
+FusedOps = TorchOps | CppOps
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -33,7 +36,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin tables [max_model_len, head_dim] float32 from transformers' own rotary
     embedding (so rope theta and rope scaling follow the config exactly); sin has its first half
-    negated (see ``apply_rotary``)."""
+    negated (see ``fused_ops.rotate``)."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # heavy: only here
 
     with torch.device("cpu"):
@@ -46,7 +49,8 @@ def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Ten
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32 as transformers does."""
+    """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32 as transformers does
+    (``fused_ops.TorchOps.rms_norm``); the decoder calls its ops' fused versions with ``weight``."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -54,20 +58,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, ``x * cos + rotate_half(x) * sin`` as transformers computes it.
-
-    x: [T, H, D]; cos, sin_signed: [T, 1, D] with ``sin_signed = cat(-sin[:D/2], sin[D/2:])``,
-    so ``rotate_half(x) * sin == roll(x, D/2) * sin_signed`` exactly (negating a factor is exact
-    in IEEE arithmetic) and the negation is done once per step, not once per layer.
-    """
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
+        return TorchOps.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -88,18 +79,14 @@ class Attention(nn.Module):
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, o_bias, tp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        """x [T, hidden]; cos, sin [T, 1, D] (sin with its first half negated, see ``apply_rotary``)."""
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        # q and k heads side by side get their rotary in one pass: [T, Hq + Hkv, D]
-        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: FusedOps) -> torch.Tensor:
+        """x [T, hidden]; cos, sin [T, D] in x's dtype (sin with its first half negated, see
+        ``fused_ops.rotate``)."""
         k_cache, v_cache = kv_cache
-        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        q, k, v = ops.rotary_store(self.qkv_proj(x), cos, sin, meta.slot_mapping, k_cache, v_cache,
+                                   self.num_heads, self.num_kv_heads)
         o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.o_proj(o.reshape(x.shape[0], self.q_size))
 
 
 class MLP(nn.Module):
@@ -113,10 +100,8 @@ class MLP(nn.Module):
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; only 'silu' is")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        h = nn.functional.silu(gate).mul_(up)  # in place: one [T, intermediate] temporary, not two
-        return self.down_proj(h)
+    def forward(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -127,9 +112,20 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                ops: FusedOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream as vLLM carries it: x is the previous layer's MLP output and
+        ``residual`` the sum before it (None in the first layer, where x is the embedding); the
+        add and the norm are one fused op. Returns (MLP output, residual), both [T, hidden]."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            residual, x = x, ops.rms_norm(x, norm1.weight, norm1.eps)
+        else:
+            ops.fused_add_rms_norm(x, residual, norm1.weight, norm1.eps)
+        x = self.self_attn(x, cos, sin, kv_cache, meta, ops)
+        ops.fused_add_rms_norm(x, residual, norm2.weight, norm2.eps)
+        return self.mlp(x, ops), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -197,11 +193,14 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [T] int64. Returns final hidden states [T, hidden_size]."""
         x = self.embed_tokens(input_ids)
-        cos = self.cos_table[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
-        sin = self.sin_table[positions].to(x.dtype)[:, None, :]
+        cos = self.cos_table[positions].to(x.dtype)  # [T, D]
+        sin = self.sin_table[positions].to(x.dtype)
+        ops = ops_for(x, self.config.hidden_size, self.head_dim, self.layers[0].mlp.intermediate_size)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv_cache, meta, ops)
+        ops.fused_add_rms_norm(x, residual, self.norm.weight, self.norm.eps)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, hidden_size] -> logits [N, vocab_size] in float32 (on rank 0 under tensor

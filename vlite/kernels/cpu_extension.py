@@ -1,0 +1,85 @@
+"""vlite's C++ CPU extension, built on first use: the paged decode kernel
+(``cpu_paged_attention.cpp``) and the fused elementwise ops (``cpu_fused_ops.cpp``).
+
+torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
+(``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``); the first build takes about 30 s, later processes load it in
+well under a second. The build needs a C++ compiler and ninja (a dependency of vlite). When it
+cannot be built, ``load()`` logs why once and returns None, and every caller falls back to its
+torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import sys
+import threading
+from pathlib import Path
+
+logger = logging.getLogger("vlite.kernels")
+
+_DIR = Path(__file__).parent
+SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp"]
+HEADERS = [_DIR / "cpu_ops.h", _DIR / "cpu_vec.h"]
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_tag() -> str:
+    """Short hash of the CPU's model and flags: a build made with -march=native on one machine
+    is never loaded on another (a shared home directory would otherwise do that)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [platform.processor(), platform.machine()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:10]
+
+
+def load():
+    """The compiled module (``paged_decode``, ``rms_norm``, ``fused_add_rms_norm``,
+    ``silu_and_mul``, ``rotary_store``), or None when it cannot be built here."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"] = _build()
+        return _state["module"]
+
+
+def loaded():
+    """The module if ``load()`` already built or loaded it, else None (never builds)."""
+    return _state.get("module")
+
+
+def _build():
+    # the sources' and the Python environment's hash in the name: the build command holds the
+    # venv's torch paths, so two checkouts (or venvs) sharing one cache each keep their own build
+    # instead of rebuilding over each other at every start
+    digest = hashlib.sha256(sys.prefix.encode())
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    name = f"vlite_cpu_ops_{_cpu_tag()}_{digest.hexdigest()[:8]}"
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        if not _already_built(name):  # a first start would otherwise look like a slow model load
+            logger.warning("building the C++ CPU kernels (once per machine and venv, about 30 s) ...")
+        return load_extension(name=name, sources=[str(p) for p in SOURCES],
+                              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                              extra_include_paths=[str(_DIR)], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a read-only cache: the torch path still works
+        logger.warning("the C++ CPU kernels could not be built (%s: %s); using the torch path",
+                       type(exc).__name__, str(exc).strip().splitlines()[-1] if str(exc).strip() else "")
+        return None
+
+
+def _already_built(name: str) -> bool:
+    """Whether torch's extension cache holds a build of ``name`` (it rebuilds by itself if a
+    source changed; this only decides whether to announce a build)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return (Path(_get_build_directory(name, False)) / f"{name}.so").exists()
+    except Exception:  # a private torch helper: if it moves, only the notice is lost
+        return True
