@@ -31,6 +31,7 @@ FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
 # (category, test on (function, file, source line)); first match wins, checked innermost frame first
 RULES = [
     ("attention: decode (C++ kernel)", lambda f, p, s: "cpu_attention" in p),
+    ("elementwise: norm, rotary + KV store, SiLU, residual", lambda f, p, s: "fused_ops" in p),
     ("attention: gather K/V from blocks", lambda f, p, s: "torch_ref" in p and ("index_select" in s or "gather_kv" in s
                                                                                or "cache[" in s)),
     ("attention: SDPA (decode)", lambda f, p, s: "torch_ref" in p and "scaled_dot_product" in s and f.endswith("_decode_group")),

@@ -9,14 +9,16 @@
 //
 // Algorithm: PagedAttention's decode (Kwon et al. 2023, vLLM's csrc/cpu/attention.cpp) with a
 // two-pass softmax per (sequence, KV head): scores q.k for every cached token, max, exp and
-// sum, then the probability-weighted sum of V. One task per (sequence, KV head), spread over
-// torch's OpenMP threads by at::parallel_for. Vectors are GCC vector extensions (16 floats),
+// sum, then the probability-weighted sum of V. One task per (sequence, KV head), handed out
+// longest first to torch's OpenMP threads. Vectors are GCC vector extensions (16 floats),
 // so the compiler emits AVX-512 (or pairs of AVX2 registers) for the machine it builds on.
 #include "cpu_ops.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
+#include <type_traits>
 #include <cmath>
 #include <vector>
 
@@ -27,41 +29,71 @@ namespace {
 constexpr int kMaxGroup = 8;
 constexpr int kMaxDimVecs = 16;  // head_dim <= 256
 
-template <typename T>
+// kDV: head_dim / 16 when known at compile time (the loops over a row unroll and the V sums stay
+// in registers), 0 for any head_dim.
+template <typename T, int kDV>
 void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* lens,
-                T* out, int64_t n, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride,
-                float scale) {
-  const int64_t group = hq / hkv, dv = dim / 16, slot_stride = hkv * dim;
-  at::parallel_for(0, n * hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t job = begin; job < end; ++job) {
-      const int64_t seq = job / hkv, h = job % hkv, len = lens[seq];
+            T* out, int64_t n, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride,
+            float scale) {
+  const int64_t group = hq / hkv, dv = kDV ? kDV : dim / 16, slot_stride = hkv * dim;
+  // Jobs go to torch's threads one at a time, longest context first: a static split of the rows
+  // leaves a thread idle when long contexts bunch up. A job is a whole sequence (its KV heads one
+  // after another, so the heads' neighbouring cache lines are reused from this core's L2) when
+  // there are enough sequences to go round, else one (sequence, KV head).
+  const int64_t threads = at::get_num_threads();
+  const int64_t heads_per_job = n >= 4 * threads ? hkv : 1, num_jobs = n * hkv / heads_per_job;
+  std::vector<int64_t> order(num_jobs);
+  for (int64_t j = 0; j < num_jobs; ++j) order[j] = j;
+  auto seq_of = [&](int64_t job) { return job * heads_per_job / hkv; };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lens[seq_of(a)] > lens[seq_of(b)]; });
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, num_jobs), 1, [&](int64_t, int64_t) {
+    std::vector<float> scores, widened(16 * dim);
+    for (int64_t i; (i = next.fetch_add(1)) < num_jobs;)
+    for (int64_t h = order[i] * heads_per_job % hkv, h_end = h + heads_per_job; h < h_end; ++h) {
+      const int64_t seq = seq_of(order[i]), len = lens[seq];
       const int64_t* table = bt + seq * table_stride;
       v16 qv[kMaxGroup][kMaxDimVecs];
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) qv[g][j] = load16(q + (seq * hq + h * group + g) * dim + j * 16) * scale;
       const int64_t padded = (len + 15) / 16 * 16;
-      scores.assign(group * padded, -INFINITY);
-      // each cached token's [D] row of this KV head, in order, through the block table
-      auto for_each_token = [&](const T* cache, auto&& visit) {
-        for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, ++blk) {
-          const T* block = cache + table[blk] * bs * slot_stride + h * dim;
-          for (int64_t o = 0, stop = std::min(bs, len - t0); o < stop; ++o) visit(t0 + o, block + o * slot_stride);
-        }
+      scores.resize(group * padded);
+      auto row_of = [&](const T* cache, int64_t t) {
+        return cache + (table[t / bs] * bs + t % bs) * slot_stride + h * dim;
       };
-      // scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
-      const T* rows[16];
-      for (int64_t t0 = 0; t0 < len; t0 += 16) {
-        const int64_t m = std::min<int64_t>(16, len - t0);
+      // a row of this head is a few cache lines, strided by the other heads' rows and scattered
+      // over blocks: the hardware prefetcher does not follow, so the next rows are asked for
+      const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+      auto prefetch = [&](const T* row) {
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
+      };
+      // the rows of tokens t0 .. t0 + 15 as float32 (past the end: a valid row, its score masked
+      // to -inf); bfloat16 rows are widened once into a buffer here, not once per query head
+      const float* rows[16];
+      auto chunk_rows = [&](const T* cache, int64_t t0, int64_t m) {
+        const T* src[16];
         if (bs % 16 == 0 && m == 16) {  // all 16 in one block, consecutive slots
-          const T* first = kc + (table[t0 / bs] * bs + t0 % bs) * slot_stride + h * dim;
-          for (int i = 0; i < 16; ++i) rows[i] = first + i * slot_stride;
+          const T* first = row_of(cache, t0);
+          for (int i = 0; i < 16; ++i) src[i] = first + i * slot_stride;
         } else {
-          for (int64_t i = 0; i < 16; ++i) {
-            const int64_t t = t0 + (i < m ? i : 0);  // past the end: any valid row, masked below
-            rows[i] = kc + (table[t / bs] * bs + t % bs) * slot_stride + h * dim;
+          for (int64_t i = 0; i < 16; ++i) src[i] = row_of(cache, t0 + (i < m ? i : 0));
+        }
+        if constexpr (std::is_same_v<T, float>) {
+          for (int i = 0; i < 16; ++i) rows[i] = src[i];
+        } else {
+          for (int i = 0; i < 16; ++i) {
+            for (int64_t j = 0; j < dv; ++j) store16(&widened[i * dim + j * 16], load16(src[i] + j * 16));
+            rows[i] = &widened[i * dim];
           }
         }
+      };
+      // pass 1: scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
+      for (int64_t t0 = 0; t0 < len; t0 += 16) {
+        const int64_t m = std::min<int64_t>(16, len - t0);
+        // the next 16 K rows, and this chunk's V rows for pass 3 (L2 holds them)
+        for (int64_t t = t0 + 16; t < std::min(t0 + 32, len); ++t) prefetch(row_of(kc, t));
+        for (int64_t t = t0; t < t0 + m; ++t) prefetch(row_of(vc, t));
+        chunk_rows(kc, t0, m);
         for (int64_t g = 0; g < group; ++g) {
           v16 acc[16];
           for (int i = 0; i < 16; ++i) {
@@ -74,6 +106,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
           store16(&scores[g * padded + t0], sums);
         }
       }
+      // pass 2: softmax numerators exp(s - max) in place (0 for the masked tail), and 1 / sum
       float inv[kMaxGroup];
       for (int64_t g = 0; g < group; ++g) {
         float* s = &scores[g * padded];
@@ -90,21 +123,37 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
         }
         inv[g] = 1.0f / hsum(sum);
       }
+      // pass 3: the weighted sum of V, 16 rows at a time (in L1) for each query head in turn
       v16 acc[kMaxGroup][kMaxDimVecs];
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) acc[g][j] = splat(0.f);
-      for_each_token(vc, [&](int64_t t, const T* v) {
-        v16 vv[kMaxDimVecs];
-        for (int64_t j = 0; j < dv; ++j) vv[j] = load16(v + j * 16);
+      for (int64_t t0 = 0; t0 < len; t0 += 16) {
+        chunk_rows(vc, t0, std::min<int64_t>(16, len - t0));
         for (int64_t g = 0; g < group; ++g) {
-          const v16 p = splat(scores[g * padded + t]);
-          for (int64_t j = 0; j < dv; ++j) acc[g][j] += p * vv[j];
+          v16 a[kMaxDimVecs];
+          for (int64_t j = 0; j < dv; ++j) a[j] = acc[g][j];
+          const float* p = &scores[g * padded + t0];
+          for (int i = 0; i < 16; ++i) {
+            const v16 w = splat(p[i]);
+            for (int64_t j = 0; j < dv; ++j) a[j] += w * load16(rows[i] + j * 16);
+          }
+          for (int64_t j = 0; j < dv; ++j) acc[g][j] = a[j];
         }
-      });
+      }
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) store16(out + (seq * hq + h * group + g) * dim + j * 16, acc[g][j] * inv[g]);
     }
   });
+}
+
+template <typename T>
+void decode_any_dim(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64_t* lens, T* out, int64_t n,
+                    int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride, float scale) {
+  switch (dim) {
+    case 64: return decode<T, 4>(q, kc, vc, bt, lens, out, n, hq, hkv, dim, bs, table_stride, scale);
+    case 128: return decode<T, 8>(q, kc, vc, bt, lens, out, n, hq, hkv, dim, bs, table_stride, scale);
+    default: return decode<T, 0>(q, kc, vc, bt, lens, out, n, hq, hkv, dim, bs, table_stride, scale);
+  }
 }
 
 }  // namespace
@@ -126,11 +175,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   TORCH_CHECK(k_cache.size(3) == d && v_cache.sizes() == k_cache.sizes() && seq_lens.size(0) == n &&
               block_tables.size(0) >= n, "paged_decode: shapes do not match");
   if (dtype == at::kFloat)
-    decode<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+    decode_any_dim<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                   block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(), n, hq, hkv, d,
                   bs, block_tables.stride(0), static_cast<float>(scale));
   else
-    decode<at::BFloat16>(q.data_ptr<at::BFloat16>(), k_cache.data_ptr<at::BFloat16>(),
+    decode_any_dim<at::BFloat16>(q.data_ptr<at::BFloat16>(), k_cache.data_ptr<at::BFloat16>(),
                          v_cache.data_ptr<at::BFloat16>(), block_tables.data_ptr<int64_t>(),
                          seq_lens.data_ptr<int64_t>(), out.data_ptr<at::BFloat16>(), n, hq, hkv, d, bs,
                          block_tables.stride(0), static_cast<float>(scale));

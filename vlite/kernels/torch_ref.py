@@ -78,8 +78,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, 
     ``benchmarks/cpu_kernels.py``).
     """
     if q.dtype != torch.float32:
-        # bf16/fp16 keep SDPA's math path (enable_gqa): on W1 (benchmarks/bf16_agreement.py) its greedy
-        # tokens agree with float32 at 79% of positions, against 64% for the flash path
+        # bf16/fp16 on CPU: widened to float32 (exact) for the flash path, one rounding at the end.
+        # SDPA's bf16 flash path rounds inside (W1's greedy bf16 tokens agreed with float32 at 64%
+        # of positions, benchmarks/bf16_agreement.py); its bf16 math path agreed at 79% but costs
+        # 2x the float32 flash path in time
+        if q.device.type == "cpu":
+            return _attend(q.float(), k.float(), v.float(), num_cached, scale).to(q.dtype)
         return _attend_gqa_math(q, k, v, num_cached, scale)
     q_len, k_len, head_dim = q.shape[0], k.shape[0], q.shape[2]
     num_kv_heads = k.shape[1]
