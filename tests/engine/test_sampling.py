@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.engine.sampler import _truncate
+from vlite.engine.sampler import _truncate, draw
 from vlite.engine.sampling_params import SamplingParams
 
 
@@ -108,3 +108,17 @@ def test_logprobs_are_the_models_unfiltered_ones(tiny_checkpoint):
     for want, got in zip(greedy.logprobs, filtered.logprobs):
         assert set(got) == set(want) and len(got) == 3
         assert all(math.isfinite(v) and v == pytest.approx(want[t], abs=1e-5) for t, v in got.items())
+
+
+def test_draw_follows_the_distribution_and_never_picks_a_zero():
+    probs = torch.zeros(1000)
+    probs[[3, 500, 998, 999]] = torch.tensor([0.1, 0.2, 0.3, 0.4])  # the last id is a possible pick
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([draw(probs, g) for _ in range(n)]), minlength=1000)
+    assert counts.sum() == n and set(counts.nonzero().flatten().tolist()) == {3, 500, 998, 999}
+    # each frequency within 4 standard deviations of its probability
+    for tid, p in ((3, 0.1), (500, 0.2), (998, 0.3), (999, 0.4)):
+        assert abs(counts[tid] / n - p) < 4 * (p * (1 - p) / n) ** 0.5, (tid, counts[tid])
+    # the same generator state draws the same token
+    assert draw(probs, torch.Generator().manual_seed(7)) == draw(probs, torch.Generator().manual_seed(7))

@@ -163,11 +163,14 @@ def test_abort_mid_generation_leaves_no_matcher(engine):
     for i in range(3):
         engine.add_request(f"json {i}", constrained(max_tokens=200, temperature=1.0, seed=i, n=2 if i == 2 else 1,
                                                     json_object=True), request_id=f"abort-{i}")
+    finished = set()
     for _ in range(4):
-        engine.step()
-    assert matchers(engine) == 4  # 1 + 1 + 2 samples
+        finished |= {out.request_id for out in engine.step() if out.finished}
+    # one matcher per live sample (1 + 1 + 2 unless a random draw already closed an object)
+    live = EngineView(engine).registries()["block_tables"]
+    assert live >= 2 and matchers(engine) == live
     for i in range(3):
-        assert engine.abort(f"abort-{i}")
+        assert engine.abort(f"abort-{i}") == (f"abort-{i}" not in finished)
     registries = EngineView(engine).registries()
     assert registries["structured_output.matchers"] == 0 and registries["block_tables"] == 0
     assert not engine.scheduler.requests and not engine.structured_output.matchers

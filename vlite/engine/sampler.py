@@ -61,6 +61,19 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> t
     return logits
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token id from probs ([V] float32, summing to about 1), by inverse transform sampling:
+    the first id whose cumulative probability (float64) exceeds u * total, u ~ U[0, 1).
+
+    One uniform number per draw: on CPU, drawing V exponentials for an exponential race (or
+    ``torch.multinomial``) costs about 0.7 ms for SmolLM2's 49,152 tokens, this about 0.05 ms.
+    Tokens of probability 0 are never drawn.
+    """
+    cdf = probs.to(torch.float64).cumsum(-1)
+    u = torch.rand((), dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[-1] - 1)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> SamplerOutput:
     """Pick the next token of each sequence.
 
@@ -92,10 +105,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
             token = int(row.argmax())
         else:
             row = _truncate(row / p.temperature, p.top_k, p.top_p, p.min_p)
-            probs = row.softmax(-1)
-            # Exponential race (Gumbel-max in probability space): argmax(p / E), E ~ Exp(1).
-            noise = torch.empty_like(probs).exponential_(1.0, generator=seq.generator or generator)
-            token = int((probs / noise).argmax())
+            token = draw(row.softmax(-1), seq.generator or generator)
         token_ids.append(token)
         if raw_logprobs is not None:
             lp = raw_logprobs
