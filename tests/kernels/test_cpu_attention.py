@@ -63,6 +63,7 @@ def test_kernel_equals_torch_path(kernel, lens, num_heads, num_kv_heads, head_di
 @pytest.mark.parametrize("lens,num_heads,num_kv_heads,head_dim,block_size", [
     ([1, 2, 15, 16, 17, 33, 100], 9, 3, 64, 16),
     ([300, 7, 64, 129], 8, 1, 128, 16),
+    ([40, 41, 3, 77], 4, 2, 48, 8),   # head_dim 48: the path without VDPBF16PS; 8-token blocks
 ])
 def test_bfloat16_kernel_equals_float32_math_on_the_same_values(kernel, lens, num_heads, num_kv_heads, head_dim,
                                                                 block_size):

@@ -16,6 +16,7 @@
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
@@ -29,6 +30,27 @@ namespace {
 constexpr int kMaxGroup = 8;
 constexpr int kMaxDimVecs = 16;  // head_dim <= 256
 
+// Pass 3 with the group size known at compile time: each V row of the chunk is loaded (and
+// widened) once and feeds the sums of every query head of the KV head, all held in registers.
+// src: the chunk's m rows; p: the softmax numerators of query head g at p[g * padded].
+template <typename T, int kDV, int kG>
+inline void weighted_v_rows(const T* const* src, int64_t m, const float* p, int64_t padded,
+                            v16 (*acc)[kMaxDimVecs]) {
+  v16 a[kG][kDV];
+  for (int g = 0; g < kG; ++g)
+    for (int j = 0; j < kDV; ++j) a[g][j] = acc[g][j];
+  for (int64_t i = 0; i < m; ++i) {
+    v16 vv[kDV];
+    for (int j = 0; j < kDV; ++j) vv[j] = load16(src[i] + j * 16);
+    for (int g = 0; g < kG; ++g) {
+      const v16 w = splat(p[g * padded + i]);
+      for (int j = 0; j < kDV; ++j) a[g][j] += w * vv[j];
+    }
+  }
+  for (int g = 0; g < kG; ++g)
+    for (int j = 0; j < kDV; ++j) acc[g][j] = a[g][j];
+}
+
 // kDV: head_dim / 16 when known at compile time (the loops over a row unroll and the V sums stay
 // in registers), 0 for any head_dim.
 template <typename T, int kDV>
@@ -36,6 +58,8 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
             T* out, int64_t n, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t table_stride,
             float scale) {
   const int64_t group = hq / hkv, dv = kDV ? kDV : dim / 16, slot_stride = hkv * dim;
+  // block sizes are powers of two in practice: shifts instead of a division per row
+  const int bs_shift = (bs & (bs - 1)) == 0 ? __builtin_ctzll(bs) : -1;
   // Jobs go to torch's threads one at a time, longest context first: a static split of the rows
   // leaves a thread idle when long contexts bunch up. A job is a whole sequence (its KV heads one
   // after another, so the heads' neighbouring cache lines are reused from this core's L2) when
@@ -59,7 +83,8 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       const int64_t padded = (len + 15) / 16 * 16;
       scores.resize(group * padded);
       auto row_of = [&](const T* cache, int64_t t) {
-        return cache + (table[t / bs] * bs + t % bs) * slot_stride + h * dim;
+        const int64_t blk = bs_shift >= 0 ? t >> bs_shift : t / bs, off = bs_shift >= 0 ? t & (bs - 1) : t % bs;
+        return cache + (table[blk] * bs + off) * slot_stride + h * dim;
       };
       // a row of this head is a few cache lines, strided by the other heads' rows and scattered
       // over blocks: the hardware prefetcher does not follow, so the next rows are asked for
@@ -67,17 +92,21 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       auto prefetch = [&](const T* row) {
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
       };
-      // the rows of tokens t0 .. t0 + 15 as float32 (past the end: a valid row, its score masked
-      // to -inf); bfloat16 rows are widened once into a buffer here, not once per query head
-      const float* rows[16];
-      auto chunk_rows = [&](const T* cache, int64_t t0, int64_t m) {
-        const T* src[16];
+      // the rows of tokens t0 .. t0 + 15 (past the end: a valid row, its score masked to -inf)
+      const T* src[16];
+      auto chunk_ptrs = [&](const T* cache, int64_t t0, int64_t m) {
         if (bs % 16 == 0 && m == 16) {  // all 16 in one block, consecutive slots
           const T* first = row_of(cache, t0);
           for (int i = 0; i < 16; ++i) src[i] = first + i * slot_stride;
         } else {
           for (int64_t i = 0; i < 16; ++i) src[i] = row_of(cache, t0 + (i < m ? i : 0));
         }
+      };
+      // the same rows as float32: bfloat16 rows are widened once into a buffer here, not once
+      // per query head
+      const float* rows[16];
+      auto chunk_rows = [&](const T* cache, int64_t t0, int64_t m) {
+        chunk_ptrs(cache, t0, m);
         if constexpr (std::is_same_v<T, float>) {
           for (int i = 0; i < 16; ++i) rows[i] = src[i];
         } else {
@@ -93,6 +122,27 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
         // the next 16 K rows, and this chunk's V rows for pass 3 (L2 holds them)
         for (int64_t t = t0 + 16; t < std::min(t0 + 32, len); ++t) prefetch(row_of(kc, t));
         for (int64_t t = t0; t < t0 + m; ++t) prefetch(row_of(vc, t));
+#if defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (dim % 32 == 0) {  // bf16 rows straight into VDPBF16PS: exact products, float32 sums
+            chunk_ptrs(kc, t0, m);
+            for (int64_t g = 0; g < group; ++g) {
+              const at::BFloat16* qrow = q + (seq * hq + h * group + g) * dim;
+              v16 acc[16];
+              for (int i = 0; i < 16; ++i) {
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t j = 0; j < dim; j += 32)
+                  a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qrow + j), (__m512bh)_mm512_loadu_si512(src[i] + j));
+                acc[i] = (v16)a;
+              }
+              v16 sums = hsum16x16(acc) * scale;
+              for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
+              store16(&scores[g * padded + t0], sums);
+            }
+            continue;
+          }
+        }
+#endif
         chunk_rows(kc, t0, m);
         for (int64_t g = 0; g < group; ++g) {
           v16 acc[16];
@@ -128,7 +178,21 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) acc[g][j] = splat(0.f);
       for (int64_t t0 = 0; t0 < len; t0 += 16) {
-        chunk_rows(vc, t0, std::min<int64_t>(16, len - t0));
+        const int64_t m = std::min<int64_t>(16, len - t0);
+        if constexpr (kDV == 4 || kDV == 8) {
+          if (group <= 4) {
+            chunk_ptrs(vc, t0, m);
+            const float* p = &scores[t0];
+            switch (group) {
+              case 1: weighted_v_rows<T, kDV, 1>(src, m, p, padded, acc); break;
+              case 2: weighted_v_rows<T, kDV, 2>(src, m, p, padded, acc); break;
+              case 3: weighted_v_rows<T, kDV, 3>(src, m, p, padded, acc); break;
+              default: weighted_v_rows<T, kDV, 4>(src, m, p, padded, acc); break;
+            }
+            continue;
+          }
+        }
+        chunk_rows(vc, t0, m);
         for (int64_t g = 0; g < group; ++g) {
           v16 a[kMaxDimVecs];
           for (int64_t j = 0; j < dv; ++j) a[j] = acc[g][j];
