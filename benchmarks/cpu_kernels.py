@@ -7,7 +7,8 @@
    (``torch_ref._attend_gqa_math``, the math path on CPU) against the stride-0 broadcast
    (``torch_ref._attend``), for one chunk of L tokens with nothing cached.
 3. Decode attention (float32, 64 rows, contexts 200-400 tokens, 16-token blocks): the torch
-   path (gather + SDPA, ``torch_ref._decode_attention``) against the C++ kernel.
+   path (gather + SDPA, ``torch_ref._decode_attention``) against the C++ kernel, which is also
+   timed in bfloat16 and on the first 5 rows (a serving-sized batch).
 
 Each timing is the best of ``--repeats`` runs of ``--iters`` calls (milliseconds per call).
 
@@ -91,9 +92,12 @@ def decode_attention(repeats: int, iters: int) -> dict:
     out = {"torch_gather_sdpa_ms": best_ms(lambda: torch_ref._decode_attention(q, k_cache, v_cache, meta, scale),
                                            repeats, iters)}
     if cpu_attention.load() is not None:
-        out["cpp_kernel_ms"] = best_ms(
-            lambda: cpu_attention.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale),
-            repeats, iters)
+        def kernel(q, k, v, rows=n):
+            return best_ms(lambda: cpu_attention.paged_decode(q[:rows], k, v, tables[:rows], meta.seq_lens[:rows],
+                                                              scale), repeats, iters)
+        out["cpp_kernel_ms"] = kernel(q, k_cache, v_cache)
+        out["cpp_kernel_bf16_ms"] = kernel(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16())
+        out["cpp_kernel_5_rows_ms"] = kernel(q, k_cache, v_cache, rows=5)
     return out
 
 
