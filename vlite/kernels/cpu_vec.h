@@ -81,13 +81,8 @@ inline v16 hsum16x16(const v16* a) {
          __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-// exp(x) for x <= 0 (scores after the max is subtracted): Cephes' expf, 2^n * p(r) with a
-// degree-6 polynomial, about 1 ulp; 16 lanes.
-inline v16 exp16_nonpositive(v16 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  v16 t = x * 1.44269504088896341f;
-  v16i ni = __builtin_convertvector(t - 0.5f, v16i);  // x <= 0: truncation rounds toward 0
-  v16 n = __builtin_convertvector(ni, v16);
+// Cephes' expf core: exp(r) for r = x - n ln2 (|r| <= ln2 / 2), a degree-6 polynomial, about 1 ulp.
+inline v16 exp_reduced(v16 x, v16 n) {
   v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
   v16 p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
@@ -96,6 +91,16 @@ inline v16 exp16_nonpositive(v16 x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
+  return p;
+}
+
+// exp(x) for x <= 0 (scores after the max is subtracted): 2^n * exp_reduced; 16 lanes.
+inline v16 exp16_nonpositive(v16 x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  v16 t = x * 1.44269504088896341f;
+  v16i ni = __builtin_convertvector(t - 0.5f, v16i);  // x <= 0: truncation rounds toward 0
+  v16 n = __builtin_convertvector(ni, v16);
+  v16 p = exp_reduced(x, n);
   v16i bits;
   std::memcpy(&bits, &p, 64);
   bits += ni << 23;
@@ -113,14 +118,7 @@ inline v16 exp16(v16 x) {
   v16i ni = __builtin_convertvector(t, v16i);  // truncation toward 0
   ni -= (v16i)(__builtin_convertvector(ni, v16) > t) & 1;  // -> floor(t): round to nearest
   v16 n = __builtin_convertvector(ni, v16);
-  v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  v16 p = exp_reduced(x, n);
   // 2^n in two factors: n can reach 128, one past the largest float exponent
   v16i half = ni >> 1;
   v16i e1 = (half + 127) << 23, e2 = (ni - half + 127) << 23;
