@@ -24,7 +24,9 @@ VLITE = str(Path(sys.executable).with_name("vlite"))
 
 def _waves():
     """Six waves of 3: complete and disconnect-after-2-chunks in mixes that differ per wave."""
-    specs = synthetic_workload(18, input_len=(20, 40), output_len=(10, 12), seed=7, prefix="bb")
+    # 40+ tokens: a stream cut after 2 chunks is still generating when the server sees the cut,
+    # also on a loaded machine (with 10-12 tokens a fast step could finish it first)
+    specs = synthetic_workload(18, input_len=(20, 40), output_len=(40, 48), seed=7, prefix="bb")
     plan = [0, 1, 3, 0, 2, 1]  # disconnects per wave
     out = []
     for w, k in enumerate(plan):
