@@ -108,7 +108,11 @@ def prepare_backend(device: torch.device | str) -> str:
         from vlite.kernels import cpu_attention
 
         if cpu_attention.load() is not None:
-            return "C++ CPU kernel for float32 and bfloat16 decodes, torch for the rest"
+            from vlite.kernels.fused_ops import default_choice
+
+            fused = "torch elementwise ops (VLITE_FUSED_OPS=torch)" if default_choice() == "torch" \
+                else "fused C++ elementwise ops"
+            return f"C++ CPU kernel for float32 and bfloat16 decodes, {fused}, torch for the rest"
     return backend if backend == "triton" else "torch"
 
 
