@@ -250,3 +250,20 @@ def test_bench_serve_against_a_real_server(cli, tiny_model_dir, tmp_path):
                 "median_tpot_ms", "p99_itl_ms", "p50_e2el_ms", "std_e2el_ms", "ttfts", "itls", "input_lens"):
         assert key in data, key
     assert all(t > 0 for t in data["ttfts"])
+
+
+def test_bench_throughput_refuses_a_run_whose_requests_failed(tiny_model_dir, monkeypatch):
+    """Every step raises: no throughput figure (it would count tokens never generated), exit 1."""
+    from vlite.cli.main import app
+    from vlite.engine.models.llama import LlamaForCausalLM
+
+    def broken_forward(self, *args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", broken_forward)
+    result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_model_dir), "--num-prompts", "3",
+                                      "--input-len-range", "8:16", "--output-len-range", "2:4", "--num-blocks",
+                                      "32", "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert "3 of 3 requests failed in the engine" in result.output and "simulated kernel failure" in result.output
+    assert "Throughput:" not in result.output

@@ -106,3 +106,11 @@ def test_ops_for_picks_cpp_only_where_it_applies(cpp, monkeypatch):
     monkeypatch.setenv("VLITE_FUSED_OPS", "fast")
     with pytest.raises(ValueError, match="VLITE_FUSED_OPS must be one of"):
         fused_ops.ops_for(x, 576, 64, 1536)
+
+
+def test_a_bad_vlite_fused_ops_fails_at_engine_start(tiny_checkpoint, monkeypatch):
+    from conftest import make_engine
+
+    monkeypatch.setenv("VLITE_FUSED_OPS", "bogus")
+    with pytest.raises(ValueError, match="VLITE_FUSED_OPS must be one of"):
+        make_engine(tiny_checkpoint)

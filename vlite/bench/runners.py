@@ -64,6 +64,9 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
 
     Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
     batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
+
+    Raises:
+        BenchRunError: a request ended in an engine error (no figure is computed from such a run).
     """
     from vlite.engine import SamplingParams
 
@@ -75,7 +78,15 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
     start = time.perf_counter()
     outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress)
     elapsed = time.perf_counter() - start
+    failed = [o for o in outs if o.error or o.outputs[0].finish_reason == "error"]
+    if failed:  # a throughput over tokens that were never generated would be a false figure
+        raise BenchRunError(f"{len(failed)} of {len(outs)} requests failed in the engine, e.g. "
+                            f"{failed[0].request_id}: {failed[0].error or 'finish_reason error'}")
     return GenerationRun("vlite", elapsed, [list(o.outputs[0].token_ids) for o in outs])
+
+
+class BenchRunError(RuntimeError):
+    """Requests of a benchmark run ended in an engine error, so the run has no valid figure."""
 
 
 def load_hf_model(model_path: str, dtype: str = "float32"):

@@ -135,7 +135,10 @@ def throughput(
 
     common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {len(requests)} requests, "
                              f"torch threads {torch.get_num_threads()}, CPU GEMM {engine.cpu_gemm or '-'}")
-    result = runners.run_vlite(engine, requests, show_progress=progress)
+    try:
+        result = runners.run_vlite(engine, requests, show_progress=progress)
+    except runners.BenchRunError as exc:
+        common.fail(str(exc), code=1)
     summary = result.summary(requests)
     print(_throughput_line(summary))
     print(f"Total num prompt tokens:  {summary['total_prompt_tokens']}")

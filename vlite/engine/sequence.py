@@ -96,7 +96,9 @@ class Sequence:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finished_time: float | None = None
-        # Per-request generator: the same seed gives the same samples in any batch.
+        # Per-request generator: the same seed gives the same random numbers in any batch. The
+        # samples repeat when the logits do: in float32 they did in every batch tested; in bfloat16
+        # the GEMMs' rounding depends on the batch's row count, so other traffic can change them.
         self.generator: torch.Generator | None = None
         if sampling_params.seed is not None:
             import torch  # torch is loaded by then; importing here keeps `import vlite.engine` light

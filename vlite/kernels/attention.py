@@ -99,18 +99,19 @@ def prepare_backend(device: torch.device | str) -> str:
     no request waits for a compiler. Returns the attention path in words, for the log.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND``.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND`` or ``VLITE_FUSED_OPS``.
     """
     backend = default_backend()
+    from vlite.kernels.fused_ops import default_choice
+
+    fused_choice = default_choice()  # a bad VLITE_FUSED_OPS fails here, at start, not in every step
     if torch.device(device).type != "cpu":
         return "triton" if backend == "auto" else backend
     if backend == "auto":
         from vlite.kernels import cpu_attention
 
         if cpu_attention.load() is not None:
-            from vlite.kernels.fused_ops import default_choice
-
-            fused = "torch elementwise ops (VLITE_FUSED_OPS=torch)" if default_choice() == "torch" \
+            fused = "torch elementwise ops (VLITE_FUSED_OPS=torch)" if fused_choice == "torch" \
                 else "fused C++ elementwise ops"
             return f"C++ CPU kernel for float32 and bfloat16 decodes, {fused}, torch for the rest"
     return backend if backend == "triton" else "torch"
