@@ -140,3 +140,17 @@ def test_prefix_cached_blocks_are_free_and_fork_refcount_leak_names_the_forker(t
     assert f.leaked_blocks and all(b["site"] == "fork" for b in f.leaked_blocks)
     assert {b["request_id"] for b in f.leaked_blocks} <= engine_specs
     assert all("fork" in b["suspected_path"] for b in f.leaked_blocks)
+
+
+def test_a_model_that_fails_every_step_is_inconclusive_not_clean(tiny_checkpoint, monkeypatch):
+    from vlite.engine.models.llama import LlamaForCausalLM
+
+    def broken_forward(self, *args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", broken_forward)
+    run = _run(tiny_checkpoint, synthetic_workload(6, input_len=(8, 20), output_len=(4, 8), seed=1))
+    f = run.findings
+    assert not f.leak and f.drain.mismatch_blocks == 0  # the error path freed everything
+    assert f.verdict == "INCONCLUSIVE" and f.summary().startswith("INCONCLUSIVE: every request ended in an engine")
+    assert f.to_dict()["verdict"] == "INCONCLUSIVE"

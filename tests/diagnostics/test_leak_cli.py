@@ -64,3 +64,16 @@ def test_scenarios_catch_a_planted_fault(tiny_model_dir):
                   "skip-free-on-abort")
     assert res.exit_code == 1, res.output
     assert "0/1 scenarios passed" in res.output and "disconnect after 3 chunks" in res.output
+
+
+def test_every_request_failing_in_the_engine_exits_3_inconclusive(tiny_model_dir, tmp_path, monkeypatch):
+    from vlite.engine.models.llama import LlamaForCausalLM
+
+    def broken_forward(self, *args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", broken_forward)
+    res = _invoke("--model", tiny_model_dir, "--num-requests", 6, "--abort-rate", 0, "--workload", "synthetic",
+                  "--input-len", "8:16", "--output-len", "4:8", "--num-blocks", 64, "--report", tmp_path / "r")
+    assert res.exit_code == 3, res.output
+    assert "INCONCLUSIVE" in res.output

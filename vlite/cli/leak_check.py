@@ -164,7 +164,7 @@ def leak_check(
                              sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
     run.info["total_s"] = round(time.time() - t_start, 2)
     _finish(run, console, report)
-    sys.exit(0 if run.findings.verdict == "CLEAN" else 1)
+    sys.exit({"CLEAN": 0, "INCONCLUSIVE": 3}.get(run.findings.verdict, 1))
 
 
 def _default_wave(num_specs: int, idle_every: int | None) -> int:

@@ -102,9 +102,20 @@ class Findings:
         return bool(self.zombies and self.zombies["zombies"])
 
     @property
+    def inconclusive(self) -> bool:
+        """Every sequence the engine finished ended in an engine error ("error"): nothing was
+        generated, so a clean drain proves nothing about the paths the workload meant to walk."""
+        finishes = (self.coverage or {}).get("finish_reasons") or {}
+        return bool(finishes) and set(finishes) == {"error"}
+
+    @property
     def verdict(self) -> str:
-        """LEAK, ZOMBIE (no leak, but requests outlived their clients) or CLEAN; exit 1 unless CLEAN."""
-        return "LEAK" if self.leak else "ZOMBIE" if self.zombie else "CLEAN"
+        """LEAK, ZOMBIE (no leak, but requests outlived their clients), INCONCLUSIVE (no leak
+        seen, but every request failed in the engine) or CLEAN. The CLI exits 0 for CLEAN, 1 for
+        LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box check)."""
+        if self.leak:
+            return "LEAK"
+        return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
 
     def summary(self) -> str:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
@@ -112,6 +123,9 @@ class Findings:
                        if self.zombie else "")
         if not self.leak and self.zombie:
             return "ZOMBIE: " + zombie_part
+        if not self.leak and self.inconclusive:
+            return (f"INCONCLUSIVE: every request ended in an engine error ({self.coverage['finish_reasons']['error']} "
+                    f"sequences); no leak seen, but nothing ran (the engine log says why)")
         if not self.leak:
             return (f"CLEAN: drain invariant holds ({self.drain.num_free_blocks} free + {self.drain.num_cached_blocks} "
                     f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind")

@@ -44,7 +44,7 @@ def print_report(run, console: Console | None = None) -> None:
     console = console or Console()
     f = run.findings
     d = f.drain
-    color = "red" if f.leak else "yellow" if f.zombie else "green"
+    color = "red" if f.leak else "yellow" if f.zombie or f.inconclusive else "green"
     console.print(f"[bold {color}]{escape(f.summary())}[/]", highlight=False)
     console.print(f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
                   f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})", highlight=False)
