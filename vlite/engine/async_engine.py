@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from vlite.engine.llm_engine import LLMEngine
-from vlite.engine.metrics import EngineStats, format_log_stats
+from vlite.engine.metrics import EngineStats, StatsLogger
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.sequence import FinishReason, RequestOrigin
@@ -202,7 +202,7 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._accepting = False
-        self._last_log = (time.monotonic(), 0, 0)
+        self._stats_logger = StatsLogger(logger, log_stats_interval) if log_stats else None
 
     # ---- life cycle (event loop side) -------------------------------------------------------
     def start(self) -> None:
@@ -451,17 +451,8 @@ class AsyncLLMEngine:
             pass
 
     def _maybe_log_stats(self) -> None:
-        if not self.log_stats:
-            return
-        now = time.monotonic()
-        last_t, last_prompt, last_gen = self._last_log
-        if now - last_t < self.log_stats_interval:
-            return
-        s = self.latest_stats
-        dt = now - last_t
-        logger.info(format_log_stats(s, (s.prompt_tokens_total - last_prompt) / dt,
-                                     (s.generation_tokens_total - last_gen) / dt))
-        self._last_log = (now, s.prompt_tokens_total, s.generation_tokens_total)
+        if self._stats_logger is not None:
+            self._stats_logger.maybe_log(lambda: self.latest_stats)
 
 
 def _run_all(calls: list[tuple[Callable[..., None], tuple]]) -> None:

@@ -39,7 +39,6 @@ import os
 import pickle
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -48,7 +47,7 @@ from typing import Any
 
 from vlite.engine.async_engine import abort_all, abort_live, apply_commands
 from vlite.engine.config import EngineConfig
-from vlite.engine.metrics import format_log_stats
+from vlite.engine.metrics import StatsLogger
 from vlite.engine.outputs import RequestOutput
 
 logger = logging.getLogger("vlite.async_engine")  # the --log-stats line keeps its logger name
@@ -116,7 +115,7 @@ class EngineCore:
         self.log_stats_interval = log_stats_interval
         self._live: dict[str, _CoreLiveRequest] = {}  # EngineView reads its size ("async.live")
         self._events: list[tuple] = []
-        self._last_log = (time.monotonic(), 0, 0)
+        self._stats_logger = StatsLogger(logger, log_stats_interval) if log_stats else None
 
     def run(self) -> None:
         """Serve until "stop" (or until the API process closes the input pipe)."""
@@ -224,17 +223,8 @@ class EngineCore:
         self.outputs.send(("events", events, self.engine.stats()))
 
     def _maybe_log_stats(self) -> None:
-        if not self.log_stats:
-            return
-        now = time.monotonic()
-        last_t, last_prompt, last_gen = self._last_log
-        if now - last_t < self.log_stats_interval:
-            return
-        s = self.engine.stats()
-        dt = now - last_t
-        logger.info(format_log_stats(s, (s.prompt_tokens_total - last_prompt) / dt,
-                                     (s.generation_tokens_total - last_gen) / dt))
-        self._last_log = (now, s.prompt_tokens_total, s.generation_tokens_total)
+        if self._stats_logger is not None:
+            self._stats_logger.maybe_log(self.engine.stats)
 
 
 def run_engine_core(config: EngineConfig, inputs: Connection, outputs: Connection, log_level: int,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -71,3 +74,26 @@ def format_log_stats(stats: EngineStats, prompt_throughput: float, generation_th
             f"Prefix cache hit rate: {100 * hit_rate:.1f}%, "
             f"Free blocks: {stats.num_free_blocks}/{stats.num_total_blocks} "
             f"(+{stats.num_cached_blocks} cached)")
+
+
+class StatsLogger:
+    """Logs ``format_log_stats`` at most every ``interval_s`` seconds (vLLM's periodic
+    ``LoggingStatLogger``), with throughputs over the interval since the last line. Shared by the
+    in-process engine loop and the engine core process."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._last = (time.monotonic(), 0, 0)  # time, prompt tokens, generation tokens
+
+    def maybe_log(self, get_stats: Callable[[], EngineStats]) -> None:
+        """Log one line if the interval has passed (``get_stats`` is only called then)."""
+        now = time.monotonic()
+        last_t, last_prompt, last_gen = self._last
+        if now - last_t < self.interval_s:
+            return
+        s = get_stats()
+        dt = now - last_t
+        self.logger.info(format_log_stats(s, (s.prompt_tokens_total - last_prompt) / dt,
+                                          (s.generation_tokens_total - last_gen) / dt))
+        self._last = (now, s.prompt_tokens_total, s.generation_tokens_total)
