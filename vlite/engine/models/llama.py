@@ -49,16 +49,14 @@ def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Ten
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32 as transformers does
-    (``fused_ops.TorchOps.rms_norm``); the decoder calls its ops' fused versions with ``weight``."""
+    """The parameters of a root-mean-square norm (Zhang & Sennrich 2019): ``weight`` [hidden] and
+    ``eps``. The decoder applies it through its step's ops (``fused_ops``: ``rms_norm`` or
+    ``fused_add_rms_norm``, float32 inside as transformers computes it)."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return TorchOps.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
