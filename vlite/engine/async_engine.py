@@ -141,6 +141,25 @@ def abort_live(engine: LLMEngine, live: dict[str, Any], request_id: str) -> Requ
     return aborted_output(entry.request, entry.last)
 
 
+def add_all(loop, requests: list[EngineRequest], make_live: Callable[[EngineRequest], Any]) -> Exception | None:
+    """Add ``requests`` to an engine loop's engine all or none (``loop.engine``, ``loop._live``,
+    ``loop._abort``): each added request gets ``loop._live[id] = make_live(request)``; on the
+    first failure those already added are aborted without delivering an output, and the
+    exception is returned for the caller to raise. Returns None when all were added."""
+    added: list[str] = []
+    try:
+        for r in requests:
+            loop.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
+                                    request_id=r.request_id, origin=r.origin)
+            added.append(r.request_id)
+            loop._live[r.request_id] = make_live(r)
+    except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
+        for rid in added:
+            loop._abort(rid, deliver=False)
+        return exc
+    return None
+
+
 def abort_all(loop) -> None:
     """Abort every request in flight of an engine loop (``loop._live``, ``loop._abort``)."""
     if loop._live:
@@ -376,19 +395,7 @@ class AsyncLLMEngine:
         return apply_commands(self, commands)
 
     def _add(self, group: RequestStreamGroup, requests: list[EngineRequest], done: asyncio.Future) -> None:
-        added: list[str] = []
-        try:
-            for r in requests:
-                self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
-                                        request_id=r.request_id, origin=r.origin)
-                added.append(r.request_id)
-                self._live[r.request_id] = _Live(group, r)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
-            for rid in added:
-                self._abort(rid, deliver=False)
-            self._post(_set_future, done, None, exc)
-            return
-        self._post(_set_future, done, None, None)
+        self._post(_set_future, done, None, add_all(self, requests, lambda r: _Live(group, r)))
 
     def _abort(self, request_id: str, deliver: bool = True) -> None:
         live = self._live.get(request_id)

@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection
 from types import MappingProxyType
 from typing import Any
 
-from vlite.engine.async_engine import abort_all, abort_live, apply_commands
+from vlite.engine.async_engine import abort_all, abort_live, add_all, apply_commands
 from vlite.engine.config import EngineConfig
 from vlite.engine.metrics import StatsLogger
 from vlite.engine.outputs import RequestOutput
@@ -166,19 +166,8 @@ class EngineCore:
                 self._events.append(("result", arg[0], None, refused))
 
     def _add(self, add_id: int, requests: list) -> None:
-        added: list[str] = []
-        try:
-            for r in requests:
-                self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
-                                        request_id=r.request_id, origin=r.origin)
-                added.append(r.request_id)
-                self._live[r.request_id] = _CoreLiveRequest(r)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
-            for rid in added:
-                self._abort(rid, deliver=False)
-            self._events.append(("added", add_id, portable_exception(exc)))
-            return
-        self._events.append(("added", add_id, None))
+        exc = add_all(self, requests, _CoreLiveRequest)
+        self._events.append(("added", add_id, None if exc is None else portable_exception(exc)))
 
     def _abort(self, request_id: str, deliver: bool = True) -> None:
         final = abort_live(self.engine, self._live, request_id)
