@@ -123,7 +123,8 @@ def main() -> None:
               f"broadcast {r['broadcast_ms']:.2f} ms")
     r = result["decode_attention_64_rows"]
     print(f"decode attention, 64 rows x 200-400 tokens: torch gather + SDPA {r['torch_gather_sdpa_ms']:.2f} ms, "
-          f"C++ kernel {r.get('cpp_kernel_ms', float('nan')):.2f} ms")
+          f"C++ kernel {r.get('cpp_kernel_ms', float('nan')):.2f} ms (bfloat16 "
+          f"{r.get('cpp_kernel_bf16_ms', float('nan')):.2f} ms; first 5 rows {r.get('cpp_kernel_5_rows_ms', float('nan')):.3f} ms)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
