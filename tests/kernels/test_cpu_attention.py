@@ -101,8 +101,13 @@ def test_engine_uses_the_kernel_and_matches_the_torch_path(kernel, tiny_checkpoi
     prompts = ["Hello there", "A paged KV cache splits each sequence into blocks", "1 2 3 4 5 6 7 8 9"]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     monkeypatch.delenv("VLITE_ATTENTION_BACKEND", raising=False)
-    with_kernel = [o.outputs[0].token_ids for o in make_engine(tiny_checkpoint).generate(prompts, params)]
-    assert calls and max(calls) == len(prompts)  # every decode row went through the kernel
+    engine = make_engine(tiny_checkpoint)
+    prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in prompts)
+    with_kernel = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    # per layer: the prefill step's rows (short prompts: one row per prompt token), then the 11
+    # decode steps' rows (one per sequence)
+    layers = engine.model.num_layers
+    assert calls == [prompt_tokens] * layers + [len(prompts)] * (11 * layers)
     calls.clear()
     monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "torch")
     torch_only = [o.outputs[0].token_ids for o in make_engine(tiny_checkpoint).generate(prompts, params)]
@@ -121,3 +126,58 @@ def test_without_the_kernel_the_torch_path_runs(tiny_checkpoint, monkeypatch):
     with pytest.raises(RuntimeError, match="not loaded"):
         cpu_attention.paged_decode(torch.zeros(1, 4, 16), torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16),
                                    torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long), 0.25)
+
+
+def _mixed_step(block_size: int = 16, seed: int = 0):
+    """A step of 2 decodes, a chunk with a cached prefix, a fresh prompt and a long fresh prompt:
+    caches hold every token's K/V (this step's included, as after rotary_store)."""
+    g = torch.Generator().manual_seed(seed)
+    num_heads, num_kv_heads, head_dim = 9, 3, 64
+    # (query_len, seq_len) per sequence, decodes first
+    layout = [(1, 37), (1, 5), (20, 50), (13, 13), (70, 70)]
+    tables, used = [], 0
+    max_blocks = max(-(-n // block_size) for _, n in layout)
+    num_blocks = sum(-(-n // block_size) for _, n in layout) + 2
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    for _, n in layout:
+        nb = -(-n // block_size)
+        tables.append(perm[used:used + nb] + [0] * (max_blocks - nb))
+        used += nb
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    slots, q_lens = [], [q for q, _ in layout]
+    for (q_len, n), table in zip(layout, tables):
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(n - q_len, n)]
+    slot_t = torch.tensor(slots)
+    key = k_cache.view(-1, num_kv_heads, head_dim)[slot_t]
+    value = v_cache.view(-1, num_kv_heads, head_dim)[slot_t]
+    query = torch.randn(len(slots), num_heads, head_dim, generator=g)
+    qsl = [0]
+    for q in q_lens:
+        qsl.append(qsl[-1] + q)
+    meta = AttentionMetadata(slot_mapping=slot_t, query_start_loc=torch.tensor(qsl),
+                             seq_lens=torch.tensor([n for _, n in layout]), block_tables=torch.tensor(tables),
+                             num_decodes=2, query_lens=q_lens, seq_lens_list=[n for _, n in layout],
+                             block_size=block_size)
+    return query, key, value, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("max_context", [1024, 60, 0])
+def test_prefill_rows_through_the_kernel_equal_the_torch_path(kernel, monkeypatch, max_context):
+    """Chunks up to KERNEL_PREFILL_MAX_CONTEXT go through the decode kernel row by row (each
+    query token over its causal prefix), longer ones through SDPA; the result is the same."""
+    query, key, value, k_cache, v_cache, meta = _mixed_step()
+    scale = 64 ** -0.5
+    expected = torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
+    calls = []
+    monkeypatch.setattr(torch_ref, "KERNEL_PREFILL_MAX_CONTEXT", max_context)
+    meta.plan_cache.clear()
+
+    def counted(q, *rest):
+        calls.append(q.shape[0])
+        return cpu_attention.paged_decode(q, *rest)
+
+    out = torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale, decode_attention=counted)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    taken = {1024: 1 + 1 + 20 + 13 + 70, 60: 1 + 1 + 20 + 13, 0: 2}[max_context]
+    assert calls == [taken]

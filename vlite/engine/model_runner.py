@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
+from vlite.engine.cpu_malloc import tune_malloc
 from vlite.engine.faults import FaultSet
 from vlite.engine.loader import LoadedCheckpoint, WeightSource, checkpoint_files
 from vlite.engine.models.linear import resolve_cpu_gemm_backend
@@ -191,12 +192,14 @@ class ModelRunner:
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND`` or CPU GEMM choice.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``, ``VLITE_CPU_MALLOC`` or CPU GEMM choice.
     """
 
     def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
                  *, cpu_gemm: str | None = None, faults: FaultSet | None = None, seed: int = 0,
                  tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        if device.type == "cpu":
+            tune_malloc()  # before the model is built: its buffers come from the tuned heap too
         self.device = device
         self.dtype = dtype
         self.max_model_len = max_model_len

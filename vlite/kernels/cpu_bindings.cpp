@@ -1,10 +1,12 @@
 // Python bindings of vlite's C++ CPU extension (loaded by vlite/kernels/cpu_extension.py).
 #include "cpu_ops.h"
 
+// the GIL is released while a kernel runs: other Python threads (an API server's, a second
+// micro-batch's) go on meanwhile
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (float32 or bfloat16, CPU)");
-  m.def("rms_norm", &rms_norm, "out = RMSNorm(x) * weight");
-  m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual += x; x = RMSNorm(residual) * weight (in place)");
-  m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [.., 2I] -> [.., I]");
-  m.def("rotary_store", &rotary_store, "rotary on q and k heads of qkv, k and v stored in the paged cache");
+  m.def("paged_decode", &paged_decode, py::call_guard<py::gil_scoped_release>(), "paged decode attention (float32 or bfloat16, CPU)");
+  m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "out = RMSNorm(x) * weight");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, py::call_guard<py::gil_scoped_release>(), "residual += x; x = RMSNorm(residual) * weight (in place)");
+  m.def("silu_and_mul", &silu_and_mul, py::call_guard<py::gil_scoped_release>(), "SiLU(gate) * up of [.., 2I] -> [.., I]");
+  m.def("rotary_store", &rotary_store, py::call_guard<py::gil_scoped_release>(), "rotary on q and k heads of qkv, k and v stored in the paged cache");
 }
