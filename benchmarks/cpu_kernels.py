@@ -5,10 +5,15 @@
    each against float64 on a 64 x 576 x 3072 product.
 2. Prefill attention (float32, SmolLM2's 9 query / 3 KV heads): SDPA with ``enable_gqa``
    (``torch_ref._attend_gqa_math``, the math path on CPU) against the stride-0 broadcast
-   (``torch_ref._attend``), for one chunk of L tokens with nothing cached.
+   (``torch_ref._attend``, SDPA's flash path) and the C++ decode kernel taking the chunk row
+   by row (each token over its causal prefix, read from 16-token blocks; what the engine does
+   up to ``torch_ref.KERNEL_PREFILL_MAX_CONTEXT`` tokens), for one chunk of L tokens with
+   nothing cached before it.
 3. Decode attention (float32, 64 rows, contexts 200-400 tokens, 16-token blocks): the torch
    path (gather + SDPA, ``torch_ref._decode_attention``) against the C++ kernel, which is also
-   timed in bfloat16 and on the first 5 rows (a serving-sized batch).
+   timed in bfloat16 and on the first 5 rows (a serving-sized batch). Those caches fit in the
+   L3 cache; in an engine step each of the 30 layers reads its own, from DRAM, so the kernel is
+   also timed over 30 layers' caches (per layer, float32; with the K/V bytes read per second).
 
 Each timing is the best of ``--repeats`` runs of ``--iters`` calls (milliseconds per call).
 
@@ -63,14 +68,27 @@ def linear_layers(repeats: int, iters: int) -> dict:
 def prefill_attention(repeats: int, iters: int) -> dict:
     from vlite.kernels import torch_ref
 
+    from vlite.kernels import cpu_attention
+
     out = {}
-    for length in (256, 1024):
+    g = torch.Generator().manual_seed(0)
+    for length in (144, 256, 1024, 2048):
         q, k, v = torch.randn(length, 9, 64), torch.randn(length, 3, 64), torch.randn(length, 3, 64)
         scale = 64 ** -0.5
         out[length] = {
             "enable_gqa_ms": best_ms(partial(torch_ref._attend_gqa_math, q, k, v, 0, scale), repeats, iters),
             "broadcast_ms": best_ms(partial(torch_ref._attend, q, k, v, 0, scale), repeats, iters),
         }
+        if cpu_attention.load() is not None:
+            num_blocks = -(-length // 16)
+            table = torch.randperm(4 * num_blocks, generator=g)[:num_blocks]  # scattered blocks
+            k_cache, v_cache = torch.zeros(4 * num_blocks, 16, 3, 64), torch.zeros(4 * num_blocks, 16, 3, 64)
+            k_cache[table] = torch.cat([k, k.new_zeros(num_blocks * 16 - length, 3, 64)]).view(num_blocks, 16, 3, 64)
+            v_cache[table] = torch.cat([v, v.new_zeros(num_blocks * 16 - length, 3, 64)]).view(num_blocks, 16, 3, 64)
+            tables = table[None].expand(length, num_blocks).contiguous()
+            lens = torch.arange(1, length + 1)
+            out[length]["kernel_rows_ms"] = best_ms(
+                partial(cpu_attention.paged_decode, q, k_cache, v_cache, tables, lens, scale), repeats, iters)
     return out
 
 
@@ -98,6 +116,19 @@ def decode_attention(repeats: int, iters: int) -> dict:
         out["cpp_kernel_ms"] = kernel(q, k_cache, v_cache)
         out["cpp_kernel_bf16_ms"] = kernel(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16())
         out["cpp_kernel_5_rows_ms"] = kernel(q, k_cache, v_cache, rows=5)
+        # 30 layers, each with its own caches (about 850 MB in all): read from DRAM, as in a step
+        used = n * max_blocks
+        layers = [(torch.randn(used, block_size, 3, 64, generator=g), torch.randn(used, block_size, 3, 64, generator=g))
+                  for _ in range(30)]
+        dense = torch.randperm(used, generator=g).view(n, max_blocks)
+        seq_lens = meta.seq_lens
+
+        def sweep():
+            for k, v in layers:
+                cpu_attention.paged_decode(q, k, v, dense, seq_lens, scale)
+        per_layer = best_ms(sweep, repeats, max(1, iters // 10)) / 30
+        out["cpp_kernel_dram_ms_per_layer"] = per_layer
+        out["cpp_kernel_dram_gb_per_s"] = sum(lens) * 3 * 64 * 4 * 2 / (per_layer / 1e3) / 1e9
     return out
 
 
@@ -120,11 +151,15 @@ def main() -> None:
                   f"({r['f_linear_ms'] / r['onednn_ms']:.1f}x)")
     for length, r in result["prefill_attention"].items():
         print(f"prefill attention, {length} tokens: enable_gqa {r['enable_gqa_ms']:.2f} ms, "
-              f"broadcast {r['broadcast_ms']:.2f} ms")
+              f"broadcast (flash) {r['broadcast_ms']:.2f} ms, C++ kernel row by row "
+              f"{r.get('kernel_rows_ms', float('nan')):.2f} ms")
     r = result["decode_attention_64_rows"]
     print(f"decode attention, 64 rows x 200-400 tokens: torch gather + SDPA {r['torch_gather_sdpa_ms']:.2f} ms, "
           f"C++ kernel {r.get('cpp_kernel_ms', float('nan')):.2f} ms (bfloat16 "
           f"{r.get('cpp_kernel_bf16_ms', float('nan')):.2f} ms; first 5 rows {r.get('cpp_kernel_5_rows_ms', float('nan')):.3f} ms)")
+    print(f"decode attention, 64 rows, 30 layers' caches (DRAM): C++ kernel "
+          f"{r.get('cpp_kernel_dram_ms_per_layer', float('nan')):.2f} ms per layer, "
+          f"{r.get('cpp_kernel_dram_gb_per_s', float('nan')):.1f} GB/s of K/V")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
