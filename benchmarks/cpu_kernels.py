@@ -66,9 +66,7 @@ def linear_layers(repeats: int, iters: int) -> dict:
 
 
 def prefill_attention(repeats: int, iters: int) -> dict:
-    from vlite.kernels import torch_ref
-
-    from vlite.kernels import cpu_attention
+    from vlite.kernels import cpu_attention, torch_ref
 
     out = {}
     g = torch.Generator().manual_seed(0)

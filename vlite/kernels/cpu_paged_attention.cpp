@@ -129,11 +129,23 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
             for (int64_t g = 0; g < group; ++g) {
               const at::BFloat16* qrow = q + (seq * hq + h * group + g) * dim;
               v16 acc[16];
-              for (int i = 0; i < 16; ++i) {
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t j = 0; j < dim; j += 32)
-                  a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qrow + j), (__m512bh)_mm512_loadu_si512(src[i] + j));
-                acc[i] = (v16)a;
+              if constexpr (kDV == 4 || kDV == 8) {  // the q row in registers, the row loop unrolled
+                constexpr int kPairs = kDV / 2;  // 32 bf16 values per VDPBF16PS
+                __m512bh qp[kPairs];
+                for (int j = 0; j < kPairs; ++j) qp[j] = (__m512bh)_mm512_loadu_si512(qrow + 32 * j);
+                for (int i = 0; i < 16; ++i) {
+                  __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qp[0], (__m512bh)_mm512_loadu_si512(src[i]));
+                  for (int j = 1; j < kPairs; ++j)
+                    a = _mm512_dpbf16_ps(a, qp[j], (__m512bh)_mm512_loadu_si512(src[i] + 32 * j));
+                  acc[i] = (v16)a;
+                }
+              } else {
+                for (int i = 0; i < 16; ++i) {
+                  __m512 a = _mm512_setzero_ps();
+                  for (int64_t j = 0; j < dim; j += 32)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qrow + j), (__m512bh)_mm512_loadu_si512(src[i] + j));
+                  acc[i] = (v16)a;
+                }
               }
               v16 sums = hsum16x16(acc) * scale;
               for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
