@@ -18,7 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
+
+from vlite.env import env_choice
 
 logger = logging.getLogger("vlite.engine")
 
@@ -37,10 +38,7 @@ def malloc_choice() -> str:
     Raises:
         ValueError: the variable holds something else than tuned or default.
     """
-    choice = os.environ.get("VLITE_CPU_MALLOC", "tuned")
-    if choice not in CHOICES:
-        raise ValueError(f"VLITE_CPU_MALLOC must be one of {CHOICES}, got {choice!r}")
-    return choice
+    return env_choice("VLITE_CPU_MALLOC", CHOICES, "tuned")
 
 
 def tune_malloc() -> bool:

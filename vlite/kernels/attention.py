@@ -16,11 +16,11 @@ Sequences are packed decodes first: the first ``num_decodes`` sequences have one
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
+from vlite.env import env_choice
 from vlite.kernels import torch_ref
 
 
@@ -59,10 +59,7 @@ def default_backend() -> str:
     Raises:
         ValueError: the variable holds something else than auto, torch or triton.
     """
-    backend = os.environ.get("VLITE_ATTENTION_BACKEND", "auto")
-    if backend not in BACKENDS:
-        raise ValueError(f"VLITE_ATTENTION_BACKEND must be one of {BACKENDS}, got {backend!r}")
-    return backend
+    return env_choice("VLITE_ATTENTION_BACKEND", BACKENDS, "auto")
 
 
 def _use_triton(x: torch.Tensor, backend: str | None) -> bool:

@@ -21,11 +21,10 @@ Shapes: T tokens; H hidden size; I intermediate size; Hq/Hkv query/KV heads of h
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from vlite.env import env_choice
 from vlite.kernels.torch_ref import store_kvcache
 
 FUSED_OPS_CHOICES = ("auto", "torch")
@@ -122,10 +121,7 @@ def default_choice() -> str:
     Raises:
         ValueError: the variable holds something else than auto or torch.
     """
-    choice = os.environ.get("VLITE_FUSED_OPS", "auto")
-    if choice not in FUSED_OPS_CHOICES:
-        raise ValueError(f"VLITE_FUSED_OPS must be one of {FUSED_OPS_CHOICES}, got {choice!r}")
-    return choice
+    return env_choice("VLITE_FUSED_OPS", FUSED_OPS_CHOICES, "auto")
 
 
 def cpp_takes(x: torch.Tensor, hidden_size: int, head_dim: int, intermediate_size: int) -> bool:
