@@ -128,13 +128,14 @@ def test_without_the_kernel_the_torch_path_runs(tiny_checkpoint, monkeypatch):
                                    torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long), 0.25)
 
 
-def _mixed_step(block_size: int = 16, seed: int = 0):
+MIXED_LAYOUT = [(1, 37), (1, 5), (20, 50), (13, 13), (70, 70)]  # (query_len, seq_len), decodes first
+
+
+def _mixed_step(block_size: int = 16, seed: int = 0, layout=MIXED_LAYOUT, num_decodes: int = 2):
     """A step of 2 decodes, a chunk with a cached prefix, a fresh prompt and a long fresh prompt:
     caches hold every token's K/V (this step's included, as after rotary_store)."""
     g = torch.Generator().manual_seed(seed)
     num_heads, num_kv_heads, head_dim = 9, 3, 64
-    # (query_len, seq_len) per sequence, decodes first
-    layout = [(1, 37), (1, 5), (20, 50), (13, 13), (70, 70)]
     tables, used = [], 0
     max_blocks = max(-(-n // block_size) for _, n in layout)
     num_blocks = sum(-(-n // block_size) for _, n in layout) + 2
@@ -157,7 +158,7 @@ def _mixed_step(block_size: int = 16, seed: int = 0):
         qsl.append(qsl[-1] + q)
     meta = AttentionMetadata(slot_mapping=slot_t, query_start_loc=torch.tensor(qsl),
                              seq_lens=torch.tensor([n for _, n in layout]), block_tables=torch.tensor(tables),
-                             num_decodes=2, query_lens=q_lens, seq_lens_list=[n for _, n in layout],
+                             num_decodes=num_decodes, query_lens=q_lens, seq_lens_list=[n for _, n in layout],
                              block_size=block_size)
     return query, key, value, k_cache, v_cache, meta
 
@@ -181,3 +182,17 @@ def test_prefill_rows_through_the_kernel_equal_the_torch_path(kernel, monkeypatc
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     taken = {1024: 1 + 1 + 20 + 13 + 70, 60: 1 + 1 + 20 + 13, 0: 2}[max_context]
     assert calls == [taken]
+
+
+def test_a_step_with_only_long_prefill_chunks_never_calls_the_kernel(kernel, monkeypatch):
+    """No row qualifies (no decodes, every chunk longer than the limit): SDPA does it all."""
+    query, key, value, k_cache, v_cache, meta = _mixed_step(layout=[(20, 50), (70, 70)], num_decodes=0)
+    scale = 64 ** -0.5
+    expected = torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
+    monkeypatch.setattr(torch_ref, "KERNEL_PREFILL_MAX_CONTEXT", 10)
+    meta.plan_cache.clear()
+    calls = []
+    out = torch_ref.paged_attention(query, key, value, k_cache, v_cache, meta, scale,
+                                    decode_attention=lambda q, *rest: calls.append(q.shape[0]))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert calls == []

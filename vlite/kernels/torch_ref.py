@@ -63,22 +63,19 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             return decode_attention(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
     if nd == len(meta.query_lens):  # a decode-only step (most steps)
         return decode(query)
-    starts = list(itertools.accumulate(meta.query_lens, initial=0))
+    rows = kernel_rows(meta) if decode_attention is not None else None
+    if rows is not None and rows.tokens is None:  # every row of the step
+        return decode_attention(query, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale)
+    out = torch.empty_like(query)
     chunks = range(nd, len(meta.query_lens))
-    out = None
-    if decode_attention is not None:
-        rows = kernel_rows(meta)
-        if rows.tokens is None:  # every row of the step
-            return decode_attention(query, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale)
-        out = torch.empty_like(query)
-        out.index_copy_(0, rows.tokens, decode_attention(query.index_select(0, rows.tokens), k_cache, v_cache,
-                                                         rows.block_tables, rows.seq_lens, scale))
+    if rows is not None:
+        if len(rows.tokens):
+            out.index_copy_(0, rows.tokens, decode_attention(query.index_select(0, rows.tokens), k_cache, v_cache,
+                                                             rows.block_tables, rows.seq_lens, scale))
         chunks = [i for i in chunks if meta.seq_lens_list[i] > KERNEL_PREFILL_MAX_CONTEXT]
     elif nd:
-        out = torch.empty_like(query)
         out[:nd] = decode(query[:nd])
-    if out is None:
-        out = torch.empty_like(query)
+    starts = list(itertools.accumulate(meta.query_lens, initial=0))
     for i in chunks:
         s, e = starts[i], starts[i + 1]
         q_len, ctx = meta.query_lens[i], meta.seq_lens_list[i]
@@ -115,15 +112,13 @@ def kernel_rows(meta: AttentionMetadata) -> KernelRows:
     nd, num_seqs = meta.num_decodes, len(meta.query_lens)
     taken = [i for i in range(num_seqs) if i < nd or meta.seq_lens_list[i] <= KERNEL_PREFILL_MAX_CONTEXT]
     dev = meta.seq_lens.device
-    seqs = torch.tensor(taken, device=dev)
-    q_lens = torch.tensor([meta.query_lens[i] for i in taken], device=dev)
+    seqs = torch.tensor(taken, dtype=torch.long, device=dev)
+    q_lens = torch.tensor([meta.query_lens[i] for i in taken], dtype=torch.long, device=dev)
     row_seq = torch.repeat_interleave(seqs, q_lens)
-    # row r of sequence i sits at position (seq_len - query_len) + (r - query_start): its context is that + 1
-    first = meta.seq_lens.index_select(0, seqs) - q_lens + 1 - meta.query_start_loc.index_select(0, seqs)
-    tokens = torch.repeat_interleave(meta.query_start_loc.index_select(0, seqs), q_lens)
-    tokens = tokens + (torch.arange(len(row_seq), device=dev) - torch.repeat_interleave(
-        torch.cumsum(q_lens, 0) - q_lens, q_lens))
-    lens = tokens + torch.repeat_interleave(first, q_lens)
+    # the j-th row of a chunk is step token query_start + j, at position (seq_len - query_len) + j
+    j = torch.arange(len(row_seq), device=dev) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens, q_lens)
+    tokens = torch.repeat_interleave(meta.query_start_loc.index_select(0, seqs), q_lens) + j
+    lens = torch.repeat_interleave(meta.seq_lens.index_select(0, seqs) - q_lens + 1, q_lens) + j
     every = len(taken) == num_seqs
     plan = KernelRows(None if every else tokens, meta.block_tables.index_select(0, row_seq), lens)
     meta.plan_cache["kernel_rows"] = plan
