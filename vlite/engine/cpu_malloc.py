@@ -5,7 +5,7 @@ are freed, up to 32 MiB) with a fresh ``mmap`` and gives it back with ``munmap``
 it trims the heap's free top above 128 KiB. A CPU forward allocates and frees the same
 multi-megabyte activations every layer of every step (a 2,048-token prefill's gate/up output is
 25 MB), so the kernel faulted in and zeroed fresh pages for each: W1 float32 took 1.6 million
-minor page faults and 3.5 s of system time. With the mmap threshold at its maximum (32 MiB) and
+minor page faults and 3.3-3.5 s of system time. With the mmap threshold at its maximum (32 MiB) and
 the trim threshold at 256 MiB those buffers are reused from the heap (0.6 million faults, the
 model load's; W1 4-5% faster, ``docs/benchmarks.md``). vLLM's CPU guide gets the same effect by
 preloading tcmalloc.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 from vlite.env import env_choice
@@ -28,8 +29,6 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest allowed value (HEAP_MAX_SIZE / 2 on 64-bit)
 TRIM_THRESHOLD_BYTES = 256 << 20
 CHOICES = ("tuned", "default")
-
-_applied: list[bool] = []
 
 
 def malloc_choice() -> str:
@@ -49,26 +48,20 @@ def tune_malloc() -> bool:
     Raises:
         ValueError: a bad ``VLITE_CPU_MALLOC``.
     """
-    if malloc_choice() == "default":
-        return False
-    if _applied:
-        return _applied[0]
-    ok = False
+    return malloc_choice() == "tuned" and _set_thresholds()
+
+
+@functools.cache
+def _set_thresholds() -> bool:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is not None:
-        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        mallopt.restype = ctypes.c_int
-        # mallopt returns 1 on success, 0 for a value out of range
-        ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD,
-                                                                              TRIM_THRESHOLD_BYTES) == 1
-    if not ok:
-        logger.info("malloc: glibc's mallopt is not available here; allocator settings unchanged")
-    _applied.append(ok)
-    return ok
+        logger.info("malloc: no mallopt in this C library; allocator settings unchanged")
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # mallopt returns 1 on success, 0 for a value out of range
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
 
 
 __all__ = ["CHOICES", "malloc_choice", "tune_malloc"]

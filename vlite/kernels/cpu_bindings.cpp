@@ -1,8 +1,8 @@
 // Python bindings of vlite's C++ CPU extension (loaded by vlite/kernels/cpu_extension.py).
 #include "cpu_ops.h"
 
-// the GIL is released while a kernel runs: other Python threads (an API server's, a second
-// micro-batch's) go on meanwhile
+// the GIL is released while a kernel runs, as torch's own ops do: another Python thread (the
+// in-process server's event loop) goes on meanwhile
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, py::call_guard<py::gil_scoped_release>(), "paged decode attention (float32 or bfloat16, CPU)");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "out = RMSNorm(x) * weight");
