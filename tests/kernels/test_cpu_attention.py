@@ -196,3 +196,17 @@ def test_a_step_with_only_long_prefill_chunks_never_calls_the_kernel(kernel, mon
                                     decode_attention=lambda q, *rest: calls.append(q.shape[0]))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert calls == []
+
+
+def test_a_long_prompt_alone_goes_through_sdpa_and_matches_the_torch_path(kernel, tiny_checkpoint, monkeypatch):
+    """One prompt longer than KERNEL_PREFILL_MAX_CONTEXT (lowered to 100: the tiny model takes
+    512 tokens) prefills alone (no decode rows, no short chunk), then decodes through the
+    kernel; greedy tokens equal the torch path's."""
+    monkeypatch.setattr(torch_ref, "KERNEL_PREFILL_MAX_CONTEXT", 100)
+    prompt = [(7 * i) % 200 + 3 for i in range(300)]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    monkeypatch.delenv("VLITE_ATTENTION_BACKEND", raising=False)
+    with_kernel = make_engine(tiny_checkpoint).generate([prompt], params)[0].outputs[0].token_ids
+    monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "torch")
+    torch_only = make_engine(tiny_checkpoint).generate([prompt], params)[0].outputs[0].token_ids
+    assert len(with_kernel) == 4 and with_kernel == torch_only
