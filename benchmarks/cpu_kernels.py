@@ -13,7 +13,8 @@
    path (gather + SDPA, ``torch_ref._decode_attention``) against the C++ kernel, which is also
    timed in bfloat16 and on the first 5 rows (a serving-sized batch). Those caches fit in the
    L3 cache; in an engine step each of the 30 layers reads its own, from DRAM, so the kernel is
-   also timed over 30 layers' caches (per layer, float32; with the K/V bytes read per second).
+   also timed over 30 layers' caches (per layer, float32 and bfloat16; with the K/V bytes read
+   per second).
 
 Each timing is the best of ``--repeats`` runs of ``--iters`` calls (milliseconds per call).
 
@@ -121,12 +122,15 @@ def decode_attention(repeats: int, iters: int) -> dict:
         dense = torch.randperm(used, generator=g).view(n, max_blocks)
         seq_lens = meta.seq_lens
 
-        def sweep():
-            for k, v in layers:
-                cpu_attention.paged_decode(q, k, v, dense, seq_lens, scale)
-        per_layer = best_ms(sweep, repeats, max(1, iters // 10)) / 30
-        out["cpp_kernel_dram_ms_per_layer"] = per_layer
-        out["cpp_kernel_dram_gb_per_s"] = sum(lens) * 3 * 64 * 4 * 2 / (per_layer / 1e3) / 1e9
+        def dram(query, caches):
+            def sweep():
+                for k, v in caches:
+                    cpu_attention.paged_decode(query, k, v, dense, seq_lens, scale)
+            per_layer = best_ms(sweep, repeats, max(1, iters // 10)) / 30
+            return per_layer, sum(lens) * 3 * 64 * query.element_size() * 2 / (per_layer / 1e3) / 1e9
+        out["cpp_kernel_dram_ms_per_layer"], out["cpp_kernel_dram_gb_per_s"] = dram(q, layers)
+        layers = [(k.bfloat16(), v.bfloat16()) for k, v in layers]
+        out["cpp_kernel_dram_bf16_ms_per_layer"], out["cpp_kernel_dram_bf16_gb_per_s"] = dram(q.bfloat16(), layers)
     return out
 
 
@@ -157,7 +161,9 @@ def main() -> None:
           f"{r.get('cpp_kernel_bf16_ms', float('nan')):.2f} ms; first 5 rows {r.get('cpp_kernel_5_rows_ms', float('nan')):.3f} ms)")
     print(f"decode attention, 64 rows, 30 layers' caches (DRAM): C++ kernel "
           f"{r.get('cpp_kernel_dram_ms_per_layer', float('nan')):.2f} ms per layer, "
-          f"{r.get('cpp_kernel_dram_gb_per_s', float('nan')):.1f} GB/s of K/V")
+          f"{r.get('cpp_kernel_dram_gb_per_s', float('nan')):.1f} GB/s of K/V; bfloat16 "
+          f"{r.get('cpp_kernel_dram_bf16_ms_per_layer', float('nan')):.2f} ms, "
+          f"{r.get('cpp_kernel_dram_bf16_gb_per_s', float('nan')):.1f} GB/s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
