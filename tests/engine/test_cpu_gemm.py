@@ -26,6 +26,10 @@ def test_prepacked_linear_equals_f_linear(dtype, tol, rows):
     weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
     x = torch.randn(rows, 96, dtype=dtype)
     expected = F.linear(x.double(), weight.double(), bias.double())
+    if not onednn_gemm_available(dtype):  # bfloat16 on a CPU without AVX-512 BW/VL/DQ (Zen 3): torch's op refuses
+        with pytest.raises(RuntimeError, match="bf16"):
+            layer.prepack_onednn()
+        return
     layer.prepack_onednn()
     assert layer.weight is None and layer.packed_weight is not None  # the plain weight is not kept twice
     with torch.inference_mode():
@@ -62,6 +66,25 @@ def test_engine_prepacks_every_linear_and_keeps_a_tied_embedding(tmp_path, tied)
     assert plain.cpu_gemm == "torch"
     assert all(m.packed_weight is None and m.weight is not None
                for m in plain.model.modules() if isinstance(m, Linear))
+
+
+def test_bfloat16_backend_follows_the_cpu(monkeypatch, tmp_path):
+    monkeypatch.delenv("VLITE_CPU_GEMM", raising=False)
+    supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert onednn_gemm_available(torch.bfloat16) is supported
+    assert resolve_cpu_gemm_backend(None, torch.bfloat16) == ("onednn" if supported else "torch")
+    # a CPU without oneDNN bfloat16: "auto" falls back, an explicit "onednn" is refused before any prepacking
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert resolve_cpu_gemm_backend(None, torch.bfloat16) == "torch"
+    assert resolve_cpu_gemm_backend(None, torch.float32) == "onednn"
+    with pytest.raises(ValueError, match="cannot run bfloat16 weights here.*AVX-512"):
+        resolve_cpu_gemm_backend("onednn", torch.bfloat16)
+    # and a bfloat16 engine on "auto" starts and generates there
+    ckpt = load_checkpoint(str(build_tiny_model_dir(tmp_path, "llama")))
+    engine = make_engine(ckpt, dtype="bfloat16")
+    assert engine.cpu_gemm == "torch"
+    out = engine.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 5
 
 
 def test_backend_choice_and_bad_names(monkeypatch):

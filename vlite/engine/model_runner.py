@@ -211,7 +211,7 @@ class ModelRunner:
                                 for t in {id(p): p for p in self.model.parameters()}.values())
         # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
         logger.info("attention: %s", prepare_attention_backend(device))
-        self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm) if device.type == "cpu" else None
+        self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm, dtype) if device.type == "cpu" else None
         if self.cpu_gemm == "onednn":
             self.model.prepack_cpu_gemm()
         if self.cpu_gemm:

@@ -23,27 +23,41 @@ from torch import nn
 from vlite.engine.config import CPU_GEMM_BACKENDS
 
 
-def onednn_gemm_available() -> bool:
-    """Whether this torch build can run prepacked oneDNN linear layers on CPU."""
+def onednn_gemm_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build, on this CPU, can run prepacked oneDNN linear layers in ``dtype``.
+
+    bfloat16 also needs the CPU: oneDNN's bf16 reorder wants AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT and raises on plain AVX2 CPUs (Zen 3, for one), which torch reports through
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported``.
+    """
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
+    return dtype == torch.float32
 
 
-def resolve_cpu_gemm_backend(backend: str | None) -> str:
-    """Turn "auto"/None (or the ``VLITE_CPU_GEMM`` environment variable) into "onednn" or "torch".
+def resolve_cpu_gemm_backend(backend: str | None, dtype: torch.dtype = torch.float32) -> str:
+    """Turn "auto"/None (or the ``VLITE_CPU_GEMM`` environment variable) into "onednn" or "torch"
+    for weights of ``dtype``: "auto" takes oneDNN where it can run that dtype on this CPU.
 
     Raises:
-        ValueError: an unknown backend name, or "onednn" on a torch build without it.
+        ValueError: an unknown backend name, or "onednn" where this torch build or this CPU
+            cannot run it in ``dtype``.
     """
     source = "cpu_gemm" if backend else "VLITE_CPU_GEMM"
     backend = backend or os.environ.get("VLITE_CPU_GEMM", "auto")
     if backend not in CPU_GEMM_BACKENDS:
         raise ValueError(f"{source} must be one of {CPU_GEMM_BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "onednn" if onednn_gemm_available() else "torch"
-    if backend == "onednn" and not onednn_gemm_available():
-        raise ValueError(f"{source}='onednn' needs a torch build with oneDNN (mkldnn); use 'torch' instead")
+        return "onednn" if onednn_gemm_available(dtype) else "torch"
+    if backend == "onednn" and not onednn_gemm_available(dtype):
+        dtype_name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"{source}='onednn' cannot run {dtype_name} weights here: it needs a torch build with "
+                         "oneDNN (mkldnn) and, for bfloat16, a CPU with AVX-512 (BW, VL, DQ) or "
+                         f"AVX-NE-CONVERT; use 'torch' or 'auto' instead")
     return backend
 
 
