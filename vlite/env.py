@@ -8,12 +8,13 @@ import os
 
 
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
-    """The value of environment variable ``name``, ``default`` when it is unset.
+    """The value of environment variable ``name``, ``default`` when it is unset or empty
+    (``VAR= vlite ...`` means "not set", as in most shells' idiom).
 
     Raises:
         ValueError: the variable holds a value outside ``choices`` (the message lists them).
     """
-    value = os.environ.get(name, default)
+    value = os.environ.get(name) or default
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value

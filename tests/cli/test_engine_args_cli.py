@@ -145,3 +145,18 @@ def test_device_cuda_without_cuda_is_one_line(tiny_dir, monkeypatch):
 def test_uvicorn_log_level_is_a_choice():
     res = _invoke("serve", "--model", "/no/such/model", "--uvicorn-log-level", "loud")
     assert res.exit_code == 2 and "'loud' is not one of" in res.output and "Traceback" not in res.output
+
+
+def test_output_to_a_file_keeps_each_text_line_whole_and_tables_160_wide(capsys):
+    from rich.table import Table
+
+    console = common.make_console()  # captured stdout is not a terminal, as with `make run > file`
+    verdict = "CLEAN: " + "a long verdict line " * 20  # 407 characters
+    console.print(verdict)
+    table = Table()
+    table.add_column("request_id", overflow="fold")
+    table.add_row("r" * 300)
+    console.print(table)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].rstrip() == verdict.rstrip()  # not folded at 160 (or 80) columns
+    assert max(len(line) for line in lines[1:]) == 160

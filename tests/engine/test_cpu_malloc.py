@@ -55,3 +55,31 @@ def test_the_engine_refuses_a_bad_value_before_loading_anything(tiny_checkpoint,
     monkeypatch.setenv("VLITE_CPU_MALLOC", "bogus")
     with pytest.raises(ValueError, match="VLITE_CPU_MALLOC must be one of"):
         make_engine(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("name, value", [("VLITE_ATTENTION_BACKEND", "cuda"), ("VLITE_FUSED_OPS", "fast"),
+                                         ("VLITE_CPU_GEMM", "mkl"), ("VLITE_CPU_MALLOC", "jemalloc")])
+def test_every_switch_is_checked_before_the_weights_load(tiny_checkpoint, monkeypatch, name, value):
+    from conftest import make_engine
+
+    import vlite.engine.model_runner as model_runner
+
+    def must_not_build(*a, **k):
+        raise AssertionError(f"the model was built although {name}={value!r} is refused")
+
+    monkeypatch.setattr(model_runner, "build_model", must_not_build)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name} must be one of"):
+        make_engine(tiny_checkpoint)
+
+
+def test_an_empty_switch_means_unset(monkeypatch):
+    from vlite.env import env_choice
+
+    monkeypatch.setenv("VLITE_CPU_MALLOC", "")
+    assert cpu_malloc.malloc_choice() == "tuned"
+    assert env_choice("VLITE_CPU_MALLOC", ("tuned", "default"), "tuned") == "tuned"
+    monkeypatch.setenv("VLITE_CPU_GEMM", "")
+    from vlite.engine.models.linear import resolve_cpu_gemm_backend
+
+    assert resolve_cpu_gemm_backend(None) in ("onednn", "torch")

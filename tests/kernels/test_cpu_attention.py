@@ -210,3 +210,24 @@ def test_a_long_prompt_alone_goes_through_sdpa_and_matches_the_torch_path(kernel
     monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "torch")
     torch_only = make_engine(tiny_checkpoint).generate([prompt], params)[0].outputs[0].token_ids
     assert len(with_kernel) == 4 and with_kernel == torch_only
+
+
+def test_the_kernels_build_with_the_venvs_ninja_whichever_shell_runs(monkeypatch, tmp_path):
+    # with and without an activated venv, PATH finds different ninja versions, each of which reads
+    # the other's .ninja_log as stale and rebuilds the kernels; the build pins the venv's one
+    import os
+    import sys
+
+    from vlite.kernels import cpu_extension
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "ninja").write_text("")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with cpu_extension._venv_ninja_first():
+        assert os.environ["PATH"].split(os.pathsep)[0] == str(venv / "bin")
+    assert os.environ["PATH"] == "/usr/bin:/bin"
+    (venv / "bin" / "ninja").unlink()  # a venv without its own ninja: PATH is left alone
+    with cpu_extension._venv_ninja_first():
+        assert os.environ["PATH"] == "/usr/bin:/bin"

@@ -223,6 +223,34 @@ def test_metrics_names(http):
                  "vlite:e2e_request_latency_seconds"):
         assert f'{hist}_bucket{{le="+Inf",model_name="{MODEL}"}}' in text, hist
     assert f'vlite:num_total_blocks{{model_name="{MODEL}"}} {float(NUM_BLOCKS)}' in text
+    rss = [line for line in text.splitlines() if line.startswith("process_resident_memory_bytes ")]
+    assert len(rss) == 1 and float(rss[0].split()[1]) > 10e6  # the server process, as on vLLM's /metrics
+
+
+def _histogram_count_sum(text: str, name: str) -> tuple[float, float]:
+    values = {}
+    for line in text.splitlines():
+        for part in ("_count", "_sum"):
+            if line.startswith(f'{name}{part}{{model_name="{MODEL}"}} '):
+                values[part] = float(line.split()[-1])
+    return values["_count"], values["_sum"]
+
+
+def test_request_phase_histograms_add_up(http):
+    phases = ("queue", "prefill", "decode", "inference")
+    names = [f"vlite:request_{p}_time_seconds" for p in phases] + ["vlite:e2e_request_latency_seconds"]
+    before = {n: _histogram_count_sum(http.get("/metrics").text, n) for n in names}
+    r = http.post("/v1/completions", json={"prompt": "phase timing", "max_tokens": 4, "ignore_eos": True})
+    assert r.status_code == 200
+    after = {n: _histogram_count_sum(http.get("/metrics").text, n) for n in names}
+    delta = {n.split(":")[1]: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in names}
+    assert all(count == 1 for count, _ in delta.values()), delta
+    t = {k.removeprefix("request_").removesuffix("_time_seconds"): v[1] for k, v in delta.items()}
+    assert all(v >= 0 for v in t.values())
+    # prefill + decode lie inside inference, and queue + inference inside the end-to-end latency
+    assert t["prefill"] + t["decode"] <= t["inference"] + 1e-6
+    assert t["queue"] + t["inference"] <= t["e2e_request_latency_seconds"] + 1e-3
+    assert t["decode"] > 0  # 4 tokens: three decode steps
 
 
 # ---- request id and origin -----------------------------------------------------------------------

@@ -293,6 +293,20 @@ def test_malformed_content_parts_say_what_is_wrong(http):
         assert post_json(http, "/v1/chat/completions", body).status_code == 200
 
 
+@pytest.mark.parametrize("role", ["user", "system"])
+def test_a_user_or_system_message_without_content_is_400(http, role):
+    for message in ({"role": role}, {"role": role, "content": None}):
+        body = {"messages": [message, {"role": "user", "content": "y"}] if role == "system" else [message],
+                "max_tokens": 1}
+        err = assert_400(post_json(http, "/v1/chat/completions", body), "messages.0.content")
+        assert f"a '{role}' message needs content" in err["message"]
+    # empty text is content (OpenAI accepts it), and an assistant turn may omit it
+    assert post_json(http, "/v1/chat/completions", chat("")).status_code == 200
+    body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None},
+                         {"role": "user", "content": "y"}], "max_tokens": 1}
+    assert post_json(http, "/v1/chat/completions", body).status_code == 200
+
+
 # ---- kind 6: fan-out ------------------------------------------------------------------------------------
 def test_fan_out_is_bounded_by_max_n(server, http):
     assert_400(post_json(http, "/v1/completions", {"prompt": "x", "max_tokens": 1, "n": 1000}), "n")  # issue's

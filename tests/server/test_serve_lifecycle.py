@@ -237,3 +237,24 @@ def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(tiny_model_dir
         result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", str(port)])
     assert result.exit_code == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.output and "pick another --port" in result.output
+
+
+def test_a_max_model_len_beyond_the_model_is_refused_before_binding(tiny_model_dir, monkeypatch):
+    import socket
+
+    from typer.testing import CliRunner
+
+    import vlite.cli.serve as serve_cli
+    from vlite.cli.main import app
+
+    def must_not_bind(*a, **k):
+        raise AssertionError("the port was bound although max_model_len cannot be served")
+
+    monkeypatch.setattr(serve_cli, "_check_can_listen", must_not_bind)
+    with socket.socket() as probe:  # a free port, so only the length can fail
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", str(port),
+                                      "--max-model-len", "100000"])
+    assert result.exit_code == 2, result.output
+    assert "max_model_len 100000 exceeds the model's limit of" in result.output

@@ -15,10 +15,12 @@ from vlite.engine import DEFAULT_MODEL, EngineArgs, EngineConfig
 
 
 def make_console(stderr: bool = False) -> Console:
-    """A Rich console; when the output is not a terminal (CI logs, pipes) it is 160 columns
-    wide instead of Rich's 80, so tables and verdict lines are not folded mid-word."""
+    """A Rich console; when the output is not a terminal (CI logs, pipes, ``make run > file``)
+    tables are 160 columns wide instead of Rich's 80 and text lines are never folded: a verdict
+    or trend line stays one line that grep and log readers can take whole."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+    tty = stream.isatty()
+    return Console(stderr=stderr, width=None if tty else 160, soft_wrap=not tty)
 
 
 err_console = make_console(stderr=True)

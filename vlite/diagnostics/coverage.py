@@ -88,8 +88,10 @@ def lines(cov: dict | None) -> list[str]:
     sites = ", ".join(f"{k} {v}" for k, v in cov["allocation_sites"].items()) or "none"
     finishes = ", ".join(f"{k} {v}" for k, v in cov["finish_reasons"].items()) or "none"
     aborts = ", ".join(f"{k} {v}" for k, v in cov.get("abort_states", {}).items()) or "none"
+    # finishes and aborts count sequences: an n > 1 or beam request that is aborted counts once
+    # per live sequence, so these exceed the "aborted requests" of the zombie line
     out = [f"coverage: allocations by site: {sites}",
-           f"coverage: finishes: {finishes}; aborts by state: {aborts}",
+           f"coverage: sequences finished: {finishes}; sequences aborted, by state: {aborts}",
            f"coverage: {cov['preemptions']} preemptions, {cov.get('resumptions', 0)} resumptions, "
            f"{cov['prefix_hit_tokens']} prefix-hit tokens, {cov['forks']} forks, {cov['copy_on_write']} "
            f"copy-on-write copies, {cov['beam_prunes']} beam prunes"]

@@ -70,20 +70,42 @@ def resolve_device(config: EngineConfig) -> torch.device:
 
 def check_engine_config(config: EngineConfig) -> None:
     """The checks of ``LLMEngine`` that need torch or the model's config but not its weights,
-    for a server to run before it binds its port: the device and dtype, and whether
-    ``tensor_parallel_size`` can split the model.
+    for a server to run before it binds its port: the device and dtype, whether
+    ``tensor_parallel_size`` can split the model, and whether ``max_model_len`` fits the model.
 
     Raises:
         ValueError: one line saying what is wrong and what is allowed.
         ModelNotFoundError: the model cannot be found locally.
     """
     resolve_device(config)
-    if config.parallel.tensor_parallel_size > 1:
+    tp = config.parallel.tensor_parallel_size
+    if tp == 1 and config.scheduler.max_model_len is None:
+        return  # nothing left that needs the model's config
+    hf = load_checkpoint(config.model, weights=False).config
+    derive_max_model_len(hf, config.scheduler.max_model_len)
+    if tp > 1:
         from vlite.engine.models.parallel_layers import check_tp_size
 
-        hf = load_checkpoint(config.model, weights=False).config
         num_kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-        check_tp_size(config.parallel.tensor_parallel_size, hf.num_attention_heads, num_kv, hf.intermediate_size)
+        check_tp_size(tp, hf.num_attention_heads, num_kv, hf.intermediate_size)
+
+
+def derive_max_model_len(hf_config, asked: int | None) -> int:
+    """The engine's max_model_len (tokens): ``asked``, or the model's limit when None. The limit
+    is ``max_position_embeddings`` (2048 if absent), or the sliding window if smaller (vlite has
+    no sliding-window attention, so it stays inside the window).
+
+    Raises:
+        ValueError: ``asked`` exceeds the model's limit.
+    """
+    limit = int(getattr(hf_config, "max_position_embeddings", 2048))
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, int(window))
+    if asked is not None and asked > limit:
+        raise ValueError(f"max_model_len {asked} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings or sliding_window in its config)")
+    return asked or limit
 
 
 class LLMEngine:
@@ -114,7 +136,7 @@ class LLMEngine:
         self.hf_config = ckpt.config
         self.device = resolve_device(config)
         self.dtype = _DTYPES[config.dtype]
-        self.max_model_len = self._derive_max_model_len()
+        self.max_model_len = derive_max_model_len(self.hf_config, config.scheduler.max_model_len)
         torch.manual_seed(config.seed)
         self.dead_error: str | None = None  # set when a rank failed: the engine runs nothing more
         self.executor: Executor = create_executor(config, ckpt, self.max_model_len, self.device, self.dtype,
@@ -148,16 +170,6 @@ class LLMEngine:
                                    structured_output=self.structured_output)
 
     # ---- set-up helpers ------------------------------------------------------------------
-    def _derive_max_model_len(self) -> int:
-        limit = int(getattr(self.hf_config, "max_position_embeddings", 2048))
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window and getattr(self.hf_config, "use_sliding_window", True):
-            limit = min(limit, int(window))  # no sliding-window attention: stay inside the window
-        asked = self.config.scheduler.max_model_len
-        if asked is not None and asked > limit:
-            raise ValueError(f"max_model_len {asked} exceeds the model's limit of {limit} tokens")
-        return asked or limit
-
     def _eos_token_ids(self) -> frozenset[int]:
         ids: set[int] = set()
         for src in (getattr(self.hf_config, "eos_token_id", None), self.tokenizer.eos_token_id):

@@ -39,7 +39,9 @@ from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
 from vlite.engine.sequence import RequestOrigin, Sequence
 from vlite.kernels.attention import AttentionMetadata
+from vlite.kernels.attention import default_backend as default_attention_backend
 from vlite.kernels.attention import prepare_backend as prepare_attention_backend
+from vlite.kernels.fused_ops import default_choice as default_fused_ops
 
 logger = logging.getLogger("vlite.engine")
 
@@ -192,7 +194,8 @@ class ModelRunner:
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND``, ``VLITE_CPU_MALLOC`` or CPU GEMM choice.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``, ``VLITE_FUSED_OPS``, ``VLITE_CPU_MALLOC`` or CPU GEMM
+            choice, before anything is loaded.
     """
 
     def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
@@ -200,6 +203,10 @@ class ModelRunner:
                  tp: TPGroup | None = None, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if device.type == "cpu":
             tune_malloc()  # before the model is built: its buffers come from the tuned heap too
+        # every VLITE_* switch is checked before the weights load (seconds), not after
+        default_attention_backend()
+        default_fused_ops()
+        self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm, dtype) if device.type == "cpu" else None
         self.device = device
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -209,9 +216,8 @@ class ModelRunner:
         # bytes of this rank's weights (before oneDNN prepacking, which keeps the same amount)
         self.weight_bytes = sum(t.numel() * t.element_size()
                                 for t in {id(p): p for p in self.model.parameters()}.values())
-        # a bad VLITE_ATTENTION_BACKEND fails here; a kernel that needs building is built now
+        # a kernel that needs building is built now, before the first step
         logger.info("attention: %s", prepare_attention_backend(device))
-        self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm, dtype) if device.type == "cpu" else None
         if self.cpu_gemm == "onednn":
             self.model.prepack_cpu_gemm()
         if self.cpu_gemm:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -25,6 +25,13 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0]
+# vLLM V1's per-request phase histograms (its request_latency_buckets), observed when a request
+# finishes: queue = first scheduled - arrival, prefill = first token - first scheduled,
+# decode = last token - first token, inference = finish - first scheduled.
+PHASES = (("queue", "Histogram of time spent in WAITING phase for request."),
+          ("prefill", "Histogram of time spent in PREFILL phase for request."),
+          ("decode", "Histogram of time spent in DECODE phase for request."),
+          ("inference", "Histogram of time spent in RUNNING phase for request."))
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 disable_created_metrics()  # no *_created series, as vLLM
@@ -107,6 +114,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.model_name = model_name
         self.registry.register(_EngineStatsCollector(model_name, stats))
+        # process_resident_memory_bytes, process_cpu_seconds_total, ...: the API server process,
+        # as on vLLM's /metrics (prometheus_client's default registry has them; ours is per app)
+        ProcessCollector(registry=self.registry)
         self.request_success = Counter("vlite:request_success", "Count of finished requests.",
                                        ["model_name", "finished_reason"], registry=self.registry)
         for reason in FINISH_REASONS:
@@ -117,6 +127,9 @@ class ServerMetrics:
                              ["model_name"], buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
         self.e2e = Histogram("vlite:e2e_request_latency_seconds", "Histogram of end to end request latency in "
                              "seconds.", ["model_name"], buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self.phase_time = {phase: Histogram(f"vlite:request_{phase}_time_seconds", doc, ["model_name"],
+                                            buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+                           for phase, doc in PHASES}
         self._last_token_time: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -140,4 +153,17 @@ class ServerMetrics:
             reasons = [c.finish_reason for c in out.outputs]
             reason = next((r for r in ("error", "abort") if r in reasons), reasons[0] if reasons else None)
             self.request_success.labels(self.model_name, reason or "error").inc()
-            self.e2e.observe(max(0.0, (m.finished_time or time.time()) - m.arrival_time))
+            finished = m.finished_time or time.time()
+            self.e2e.observe(max(0.0, finished - m.arrival_time))
+            self._observe_phases(m, finished)
+
+    def _observe_phases(self, m, finished: float) -> None:
+        """Queue, prefill, decode and inference time of a finished request; a phase it never
+        reached (aborted while waiting, no token) is not observed, as in vLLM."""
+        spans = {"queue": (m.arrival_time, m.first_scheduled_time),
+                 "prefill": (m.first_scheduled_time, m.first_token_time),
+                 "decode": (m.first_token_time, m.last_token_time),
+                 "inference": (m.first_scheduled_time, finished if m.first_scheduled_time is not None else None)}
+        for phase, (start, end) in spans.items():
+            if start is not None and end is not None:
+                self.phase_time[phase].observe(max(0.0, end - start))

@@ -44,14 +44,19 @@ def chat_plain_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """``messages`` as the chat template takes them: {"role", "content"} with text content.
 
     Raises:
-        APIError: 400 naming the message and part, for empty messages, a part that is not text
-            or a text part without ``text``.
+        APIError: 400 naming the message and part, for empty messages, a system or user message
+            without content (missing or null), a part that is not text or a text part without
+            ``text``. Empty text is allowed, as OpenAI allows it.
     """
     if not messages:
         raise APIError(400, "messages must not be empty", param="messages")
     plain = []
     for i, m in enumerate(messages):
         content = m.content
+        if content is None and m.role != "assistant":
+            # OpenAI requires content on system and user messages; only an assistant turn may omit it
+            raise APIError(400, f"messages.{i}.content: a {m.role!r} message needs content (a string or a list "
+                           "of text parts); only an 'assistant' message may omit it", param=f"messages.{i}.content")
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):

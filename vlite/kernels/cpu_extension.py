@@ -11,8 +11,10 @@ torch path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import platform
 import sys
 import threading
@@ -65,13 +67,37 @@ def _build():
 
         if not _already_built(name):  # a first start would otherwise look like a slow model load
             logger.warning("building the C++ CPU kernels (once per machine and venv, about 30 s) ...")
-        return load_extension(name=name, sources=[str(p) for p in SOURCES],
-                              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                              extra_include_paths=[str(_DIR)], verbose=False)
+        with _venv_ninja_first():
+            return load_extension(name=name, sources=[str(p) for p in SOURCES],
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                  extra_include_paths=[str(_DIR)], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the torch path still works
         logger.warning("the C++ CPU kernels could not be built (%s: %s); using the torch path",
                        type(exc).__name__, str(exc).strip().splitlines()[-1] if str(exc).strip() else "")
         return None
+
+
+@contextlib.contextmanager
+def _venv_ninja_first():
+    """Run torch's ``ninja`` (looked up on PATH) as the venv's own ninja for the build.
+
+    Why: with the venv activated PATH finds its ninja (1.13 here), without it the system's (1.11);
+    each reads the other's ``.ninja_log`` as stale and rebuilds the kernels (30 s) without a word.
+    Pinning one ninja per venv makes the cached build valid from either shell.
+    """
+    venv_bin = Path(sys.prefix) / "bin"
+    if not (venv_bin / "ninja").exists():
+        yield
+        return
+    old_path = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join([str(venv_bin), old_path]) if old_path else str(venv_bin)
+    try:
+        yield
+    finally:
+        if old_path is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = old_path
 
 
 def _already_built(name: str) -> bool:

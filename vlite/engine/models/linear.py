@@ -48,7 +48,7 @@ def resolve_cpu_gemm_backend(backend: str | None, dtype: torch.dtype = torch.flo
             cannot run it in ``dtype``.
     """
     source = "cpu_gemm" if backend else "VLITE_CPU_GEMM"
-    backend = backend or os.environ.get("VLITE_CPU_GEMM", "auto")
+    backend = backend or os.environ.get("VLITE_CPU_GEMM") or "auto"
     if backend not in CPU_GEMM_BACKENDS:
         raise ValueError(f"{source} must be one of {CPU_GEMM_BACKENDS}, got {backend!r}")
     if backend == "auto":
