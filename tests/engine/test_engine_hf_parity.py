@@ -7,6 +7,7 @@ import torch
 from conftest import build_tiny_model_dir, make_engine
 
 from vlite.engine.loader import load_checkpoint
+from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.sampling_params import SamplingParams
 
 TINY_PROMPTS = [
@@ -53,7 +54,7 @@ def _check_parity(ckpt, prompts, max_tokens, cpu_gemm=None, **engine_kwargs):
         assert out.outputs[0].token_ids == ref, f"alone: {prompt!r}"
     # all in one continuous batch, with a cache small enough to force preemption and chunked prefill
     engine = make_engine(ckpt, cpu_gemm=cpu_gemm, **engine_kwargs)
-    assert engine.cpu_gemm == (cpu_gemm or "onednn")
+    assert engine.cpu_gemm == (cpu_gemm or resolve_cpu_gemm_backend(None))
     outs = engine.generate(prompts, params)
     for prompt, ref, out in zip(prompts, refs, outs):
         assert out.outputs[0].token_ids == ref, f"batched: {prompt!r}"
@@ -65,9 +66,11 @@ def _check_parity(ckpt, prompts, max_tokens, cpu_gemm=None, **engine_kwargs):
     return engine
 
 
-@pytest.mark.parametrize("arch,cpu_gemm", [("llama", None), ("qwen2", None), ("mistral", None), ("llama", "torch")])
+@pytest.mark.parametrize("arch,cpu_gemm", [("llama", None), ("qwen2", None), ("mistral", None), ("llama", "torch"),
+                                           ("llama", "onednn")])
 def test_tiny_models_match_transformers(tmp_path, arch, cpu_gemm):
-    """Both CPU GEMMs: oneDNN on prepacked weights (the default) and F.linear (what HF runs)."""
+    """Every CPU GEMM: the default (vlite's packed kernels where the CPU has AVX-512, else
+    oneDNN), oneDNN on prepacked weights, and F.linear (what HF runs)."""
     overrides = {"tie_word_embeddings": True} if arch == "llama" else {}
     if arch == "qwen2":
         overrides["rope_theta"] = 50000.0

@@ -255,7 +255,9 @@ def test_auto_backend_picks_torch_on_cpu(monkeypatch):
     sc = Scenario([(5, 1), (0, 4)], 4, 2, 16, 4, torch.float32, 0)
     attention.store_kvcache(sc.key, sc.value, sc.k_cache, sc.v_cache, sc.meta.slot_mapping)
     out = attention.paged_attention(sc.query, sc.key, sc.value, sc.k_cache, sc.v_cache, sc.meta, sc.scale)
-    assert torch.allclose(out, sc.reference())
+    # on CPU that is the C++ kernel where it is built: float32 sums in another order and its own exp,
+    # so the tolerance of tests/kernels/test_cpu_attention.py (measured 2.4e-7 off on a Sapphire Rapids)
+    torch.testing.assert_close(out, sc.reference(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError):
         attention.paged_attention(sc.query, sc.key, sc.value, sc.k_cache, sc.v_cache, sc.meta, sc.scale,
                                   backend="cuda")

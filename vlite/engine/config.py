@@ -8,7 +8,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # On CPU the KV cache is sized by a byte budget (vLLM: --kv-cache-memory-bytes).
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 # The CPU GEMM of the linear layers (vlite/engine/models/linear.py).
-CPU_GEMM_BACKENDS = ("auto", "onednn", "torch")
+CPU_GEMM_BACKENDS = ("auto", "vlite", "onednn", "torch")
 
 
 @dataclass
@@ -110,8 +110,9 @@ class EngineConfig:
     enable_ledger: bool = True
     # CUDA: run decode steps eagerly instead of replaying captured CUDA graphs (vLLM's --enforce-eager).
     enforce_eager: bool = False
-    # CPU: the linear layers' GEMM, "onednn" (prepacked weights), "torch" (F.linear, MKL) or
-    # "auto" (oneDNN when torch has it); None = the VLITE_CPU_GEMM environment variable, else auto.
+    # CPU: the linear layers' GEMM, "vlite" (vlite's packed-weight kernels), "onednn" (oneDNN on
+    # prepacked weights), "torch" (F.linear) or "auto" (the first of those that runs the dtype
+    # here); None = the VLITE_CPU_GEMM environment variable, else auto.
     cpu_gemm: str | None = None
     # Finished requests remembered for leak attribution (bounded, oldest dropped first).
     finished_history: int = 10_000

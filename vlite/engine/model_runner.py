@@ -184,7 +184,7 @@ class ModelRunner:
         checkpoint: the loaded weights and config; the model is built here.
         max_model_len: longest sequence, tokens (sizes the rotary tables).
         device, dtype: where and in which precision the model and the KV cache live.
-        cpu_gemm: CPU linear-layer GEMM ("onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
+        cpu_gemm: CPU linear-layer GEMM ("vlite" | "onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
         faults: planted faults for the leak checker's self-test.
         tp: this process's rank in a tensor-parallel group (default: one rank, the whole model);
             the runner then holds that rank's shard and KV heads (``vlite/engine/worker.py``).
@@ -218,10 +218,10 @@ class ModelRunner:
                                 for t in {id(p): p for p in self.model.parameters()}.values())
         # a kernel that needs building is built now, before the first step
         logger.info("attention: %s", prepare_attention_backend(device))
-        if self.cpu_gemm == "onednn":
-            self.model.prepack_cpu_gemm()
+        if self.cpu_gemm in ("onednn", "vlite"):
+            self.model.prepack_cpu_gemm(self.cpu_gemm)
         if self.cpu_gemm:
-            logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=onednn|torch|auto)", self.cpu_gemm)
+            logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=vlite|onednn|torch|auto)", self.cpu_gemm)
         self.block_size = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), on CUDA only

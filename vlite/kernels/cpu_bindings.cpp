@@ -8,5 +8,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "out = RMSNorm(x) * weight");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, py::call_guard<py::gil_scoped_release>(), "residual += x; x = RMSNorm(residual) * weight (in place)");
   m.def("silu_and_mul", &silu_and_mul, py::call_guard<py::gil_scoped_release>(), "SiLU(gate) * up of [.., 2I] -> [.., I]");
+  m.def("packed_gemm_supported", &packed_gemm_supported, "whether packed_linear runs this dtype ('float32' or 'bfloat16') here");
+  m.def("pack_linear_weight", &pack_linear_weight, py::call_guard<py::gil_scoped_release>(), "W [N, K] -> the packed layout packed_linear reads");
+  m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(), "y [M, N] = x [M, K] W^T (+ bias) on a packed W");
   m.def("rotary_store", &rotary_store, py::call_guard<py::gil_scoped_release>(), "rotary on q and k heads of qkv, k and v stored in the paged cache");
 }

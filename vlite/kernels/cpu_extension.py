@@ -1,5 +1,6 @@
 """vlite's C++ CPU extension, built on first use: the paged decode kernel
-(``cpu_paged_attention.cpp``) and the fused elementwise ops (``cpu_fused_ops.cpp``).
+(``cpu_paged_attention.cpp``), the fused elementwise ops (``cpu_fused_ops.cpp``) and the
+packed-weight GEMM of the linear layers (``cpu_gemm.cpp``).
 
 torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
 (``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
@@ -23,7 +24,8 @@ from pathlib import Path
 logger = logging.getLogger("vlite.kernels")
 
 _DIR = Path(__file__).parent
-SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp"]
+SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp",
+           _DIR / "cpu_gemm.cpp"]
 HEADERS = [_DIR / "cpu_ops.h", _DIR / "cpu_vec.h"]
 _lock = threading.Lock()
 _state: dict = {}
@@ -42,7 +44,8 @@ def _cpu_tag() -> str:
 
 def load():
     """The compiled module (``paged_decode``, ``rms_norm``, ``fused_add_rms_norm``,
-    ``silu_and_mul``, ``rotary_store``), or None when it cannot be built here."""
+    ``silu_and_mul``, ``rotary_store``, ``packed_gemm_supported``, ``pack_linear_weight``,
+    ``packed_linear``), or None when it cannot be built here."""
     with _lock:
         if "module" not in _state:
             _state["module"] = _build()

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torch/extension.h>
+#include <string>
 #include <vector>
 
 // cpu_paged_attention.cpp
@@ -16,3 +17,9 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up);
 std::vector<torch::Tensor> rotary_store(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
                                         torch::Tensor slot_mapping, torch::Tensor k_cache, torch::Tensor v_cache,
                                         int64_t num_heads, int64_t num_kv_heads);
+
+// cpu_gemm.cpp
+bool packed_gemm_supported(const std::string& dtype);
+torch::Tensor pack_linear_weight(torch::Tensor w);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                            int64_t out_features);

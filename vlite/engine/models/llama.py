@@ -175,13 +175,14 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_table", cos.float(), persistent=False)
         self.register_buffer("sin_table", sin_signed.float(), persistent=False)
 
-    def prepack_cpu_gemm(self) -> None:
-        """Prepack every linear layer's weight for oneDNN (see ``linear.py``); CPU only, after
-        the weights are loaded. The tied lm_head keeps the embedding's plain weight."""
+    def prepack_cpu_gemm(self, backend: str = "onednn") -> None:
+        """Pack every linear layer's weight for ``backend`` ("onednn" or "vlite", see
+        ``linear.py``); CPU only, after the weights are loaded. The tied lm_head keeps the
+        embedding's plain weight."""
         for module in self.modules():
             if isinstance(module, Linear):
                 tied = module is self.lm_head and self.lm_head.weight is self.embed_tokens.weight
-                module.prepack_onednn(keep_weight=tied)
+                module.prepack(backend, keep_weight=tied)
 
     @property
     def num_layers(self) -> int:
