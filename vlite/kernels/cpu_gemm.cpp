@@ -295,8 +295,8 @@ torch::Tensor pack_linear_weight(torch::Tensor w) {
 
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                             int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == packed.scalar_type(),
-              "packed_linear: x must be a contiguous [M, K] tensor of the weight's dtype");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() && x.scalar_type() == packed.scalar_type(),
+              "packed_linear: x must be a contiguous [M, K] CPU tensor of the weight's dtype");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
