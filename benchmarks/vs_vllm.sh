@@ -11,6 +11,8 @@
 #   saturate  the same client at the rates in SAT_RATES (default "2 4 8 16 inf") on both servers;
 #             the saturating rate is the first where vLLM's output throughput grows < 5%.
 # --smoke: 4 prompts everywhere and SAT_RATES="2 inf" (proves the script works; numbers meaningless).
+# vLLM's CPU build reserves one core per rank for its scheduler process by default (here: compute on
+# core 0 of 2); VLLM_CPU_NUM_OF_RESERVED_CPU=0 in the environment makes it compute on both (docs/benchmarks.md).
 # Env: VLLM_VENV (default .venv-vllm; installed if missing), SERVE_DTYPE (float32), VLITE_SERVE_ARGS (extra
 # `vlite serve` flags), ENGINES (servers to measure, default "vlite vllm"), SAT_PROMPTS (64), PORT (8871). Raw JSON goes to OUT (benchmarks/results/vs_vllm-<stamp>);
 # the ratio table is printed at the end (benchmarks/vs_vllm_table.py). Run it on a quiet machine.
@@ -98,6 +100,9 @@ bench_serve() {  # bench_serve RESULT_FILE NUM_PROMPTS RATE
 serve_one() {  # serve_one vlite|vllm: the 2 req/s workload, then (with saturate) the rate sweep
   local kind=$1
   start_server "$kind" "$OUT/server_$kind.log" || { stop_server; return 1; }
+  if [ "$kind" = vllm ]; then
+    grep -h "core ids" "$OUT/server_$kind.log" | head -1 | sed 's/.*core ids/vLLM compute threads bound to core ids/'
+  fi
   if want serving; then echo "vs_vllm: serving, $kind, $SERVE_N prompts at 2 req/s"; bench_serve "serve_$kind.json" "$SERVE_N" 2; fi
   if want saturate; then
     for rate in $SAT_RATES; do
@@ -120,6 +125,9 @@ if want w1; then
       --model "$MODEL_DIR" --dtype "$dtype" --json "$OUT/w1_vllm_$dtype.json" > "$OUT/w1_vllm_$dtype.log" 2>&1 \
       || { echo "vs_vllm: vLLM W1 $dtype failed:"; tail -20 "$OUT/w1_vllm_$dtype.log"; }
     grep "^vLLM W1" "$OUT/w1_vllm_$dtype.log"
+    # vLLM's CPU build binds its compute threads itself: by default one core per rank is reserved for
+    # its scheduler process (on 2 cores: compute on core 0 only); VLLM_CPU_NUM_OF_RESERVED_CPU=0 uses both
+    grep -h "core ids" "$OUT/w1_vllm_$dtype.log" | head -1 | sed 's/.*core ids/vLLM compute threads bound to core ids/'
   done
 fi
 
