@@ -57,7 +57,10 @@ def serve(tiny_model_dir):
 
 
 def _workload():
-    specs = synthetic_workload(8, input_len=(8, 24), output_len=(12, 16), seed=5, prefix="http")
+    # 48-64 output tokens: a disconnect after 2 chunks must land while the request still runs (with
+    # 12-16 the tiny model could finish a request before the server saw its client go, and the
+    # request then ends "finished", not "aborted": a fresh clone's run did that once)
+    specs = synthetic_workload(8, input_len=(8, 24), output_len=(48, 64), seed=5, prefix="http")
     return [with_action(s, ClientAction("disconnect-stream", after_tokens=2)) if i % 2 else s
             for i, s in enumerate(specs)]
 
