@@ -220,7 +220,7 @@ def test_metrics_names(http):
         assert f'{name}{{model_name="{MODEL}"}}' in text, name
     assert f'vlite:request_success_total{{finished_reason="length",model_name="{MODEL}"}}' in text
     for hist in ("vlite:time_to_first_token_seconds", "vlite:inter_token_latency_seconds",
-                 "vlite:e2e_request_latency_seconds"):
+                 "vlite:request_time_per_output_token_seconds", "vlite:e2e_request_latency_seconds"):
         assert f'{hist}_bucket{{le="+Inf",model_name="{MODEL}"}}' in text, hist
     assert f'vlite:num_total_blocks{{model_name="{MODEL}"}} {float(NUM_BLOCKS)}' in text
     rss = [line for line in text.splitlines() if line.startswith("process_resident_memory_bytes ")]
@@ -251,6 +251,23 @@ def test_request_phase_histograms_add_up(http):
     assert t["prefill"] + t["decode"] <= t["inference"] + 1e-6
     assert t["queue"] + t["inference"] <= t["e2e_request_latency_seconds"] + 1e-3
     assert t["decode"] > 0  # 4 tokens: three decode steps
+
+
+def test_request_tpot_histogram_is_decode_time_per_token_after_the_first(http):
+    """vLLM's vllm:request_time_per_output_token_seconds: one observation per finished request,
+    its decode time / (output tokens - 1); a one-token request observes 0."""
+    names = ["vlite:request_time_per_output_token_seconds", "vlite:request_decode_time_seconds"]
+    before = {n: _histogram_count_sum(http.get("/metrics").text, n) for n in names}
+    r = http.post("/v1/completions", json={"prompt": "tpot timing", "max_tokens": 5, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    mid = {n: _histogram_count_sum(http.get("/metrics").text, n) for n in names}
+    (tpot_n, tpot_s), (dec_n, dec_s) = ((mid[n][0] - before[n][0], mid[n][1] - before[n][1]) for n in names)
+    assert tpot_n == 1 and dec_n == 1 and dec_s > 0
+    assert abs(tpot_s - dec_s / 4) <= 1e-6 * max(1.0, dec_s)
+    r = http.post("/v1/completions", json={"prompt": "one token", "max_tokens": 1})
+    assert r.status_code == 200
+    after = _histogram_count_sum(http.get("/metrics").text, names[0])
+    assert after[0] - mid[names[0]][0] == 1 and after[1] == mid[names[0]][1]
 
 
 # ---- request id and origin -----------------------------------------------------------------------

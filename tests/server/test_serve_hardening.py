@@ -463,3 +463,25 @@ def test_openapi_documents_real_statuses_and_media_types(http):
     r = http.get("/health")
     assert r.status_code == 200 and r.content == b""
     assert http.get("/metrics").headers["content-type"].startswith("text/plain")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_options_without_stream_is_400(http, path):
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    r = http.post(path, json=body | {"max_tokens": 2, "stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+    assert "stream: true" in r.json()["error"]["message"]
+    ok = http.post(path, json=body | {"max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("content, content_type, said", [
+    (b"prompt=hi&max_tokens=2", "application/x-www-form-urlencoded", "sent as application/x-www-form-urlencoded"),
+    (b'["hi"]', "application/json", "must be a JSON object"),
+])
+def test_a_body_that_is_not_a_json_object_says_so(http, content, content_type, said):
+    r = http.post("/v1/completions", content=content, headers={"Content-Type": content_type})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "must be a JSON object with Content-Type: application/json" in message and said in message
+    assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200

@@ -65,8 +65,8 @@ def _field_path(loc) -> list[str]:
     return [str(p) for p in loc if isinstance(p, int) or p in REQUEST_FIELD_NAMES]
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """(message, param) for a body that failed validation.
+def _validation_message(exc: RequestValidationError, content_type: str = "") -> tuple[str, str | None]:
+    """(message, param) for a body that failed validation (``content_type``: the request's header).
 
     Of several errors (a value that matches no member of a union gives one per member), the one
     reported is a constraint or value error (bound, bad Unicode, boolean for an integer) before a
@@ -79,6 +79,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if any(e.get("type") == "json_invalid" for e in errors):
         first = next(e for e in errors if e.get("type") == "json_invalid")
         return f"the request body is not valid JSON: {first.get('msg', '')}", None
+    if any(tuple(e.get("loc", ())) == ("body",) for e in errors):  # not an object: form data, an array, ...
+        sent = f" (it was sent as {content_type.split(';')[0]})" if content_type and "json" not in content_type else ""
+        return f"the request body must be a JSON object with Content-Type: application/json{sent}", None
     best = min(errors, key=lambda e: (_is_type_mismatch(e), -len(_field_path(e.get("loc", ())))))
     path = _field_path(best.get("loc", ()))
     param = ".".join(path) or None
@@ -104,7 +107,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = _validation_message(exc, request.headers.get("content-type", ""))
         return error_response(400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)

@@ -102,6 +102,16 @@ def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
         yield c
 
 
+def _mean_time_per_output_token(m, out: RequestOutput) -> float:
+    """Seconds per output token after the first, as vLLM's ``mean_time_per_output_token``
+    (vllm/v1/metrics/stats.py): decode time over generated tokens - 1 (the longest choice's), 0 if
+    fewer than two tokens came."""
+    tokens = max((len(c.token_ids) for c in out.outputs), default=0)
+    if tokens < 2 or m.first_token_time is None or m.last_token_time is None:
+        return 0.0
+    return max(0.0, m.last_token_time - m.first_token_time) / (tokens - 1)
+
+
 class ServerMetrics:
     """The registry behind /metrics, and the per-request observations.
 
@@ -125,6 +135,10 @@ class ServerMetrics:
                               ["model_name"], buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
         self.itl = Histogram("vlite:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                              ["model_name"], buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+        # vLLM's per-request TPOT: decode time / (generated tokens - 1), 0 with one token or none
+        self.tpot = Histogram("vlite:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", ["model_name"],
+                              buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
         self.e2e = Histogram("vlite:e2e_request_latency_seconds", "Histogram of end to end request latency in "
                              "seconds.", ["model_name"], buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
         self.phase_time = {phase: Histogram(f"vlite:request_{phase}_time_seconds", doc, ["model_name"],
@@ -155,6 +169,7 @@ class ServerMetrics:
             self.request_success.labels(self.model_name, reason or "error").inc()
             finished = m.finished_time or time.time()
             self.e2e.observe(max(0.0, finished - m.arrival_time))
+            self.tpot.observe(_mean_time_per_output_token(m, out))
             self._observe_phases(m, finished)
 
     def _observe_phases(self, m, finished: float) -> None:
