@@ -79,7 +79,9 @@ def _validation_message(exc: RequestValidationError, content_type: str = "") -> 
     if any(e.get("type") == "json_invalid" for e in errors):
         first = next(e for e in errors if e.get("type") == "json_invalid")
         return f"the request body is not valid JSON: {first.get('msg', '')}", None
-    if any(tuple(e.get("loc", ())) == ("body",) for e in errors):  # not an object: form data, an array, ...
+    # the body itself is not an object (form data, an array, nothing): not errors inside one
+    if any(tuple(e.get("loc", ())) == ("body",) and e.get("type") in ("model_attributes_type", "dict_type", "missing")
+           for e in errors):
         sent = f" (it was sent as {content_type.split(';')[0]})" if content_type and "json" not in content_type else ""
         return f"the request body must be a JSON object with Content-Type: application/json{sent}", None
     best = min(errors, key=lambda e: (_is_type_mismatch(e), -len(_field_path(e.get("loc", ())))))
