@@ -105,14 +105,11 @@ def check_limits(state: ServerState, req: SamplingRequest, max_tokens: int, num_
                  max_tokens_param: str = "max_tokens") -> None:
     """The bounds that depend on the server or the loaded model (docs/serve.md, "Limits"):
     ``n`` and ``best_of`` <= ``--max-n``, and so is the fan-out ``num_prompts * max(n, best_of)``;
-    ``max_tokens`` <= max_model_len; ``stop_token_ids`` inside the vocabulary. Also
-    ``stream_options`` only with ``stream: true`` (as vLLM's server refuses it).
+    ``max_tokens`` <= max_model_len; ``stop_token_ids`` inside the vocabulary.
 
     Raises:
         APIError: 400 naming the field.
     """
-    if req.stream_options is not None and not req.stream:
-        raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
     max_n = state.settings.max_n
     if req.n > max_n:
         raise APIError(400, f"n must be an integer in [1, {max_n}] (--max-n), got {req.n}", param="n")
@@ -526,6 +523,8 @@ class OpenAIServing(ABC):
         """
         warn_ignored_fields(self.req)
         self.model = served_model(self.state, self.req.model)
+        if self.req.stream_options is not None and not self.req.stream:  # as vLLM's server refuses it
+            raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
         self.check()
         prompts = await off_loop(self.state, self.render)
         params = self.params(prompts)
