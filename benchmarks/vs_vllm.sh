@@ -97,12 +97,16 @@ bench_serve() {  # bench_serve RESULT_FILE NUM_PROMPTS RATE
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
     --save-result --result-dir "$OUT" --result-filename "$1" 2>&1 | grep -v "^WARNING\|Warning\|warn("
 }
+# vLLM's CPU build binds its compute threads itself: by default one core per rank is reserved for its
+# scheduler process (on 2 cores: compute on core 0 only); VLLM_CPU_NUM_OF_RESERVED_CPU=0 uses both
+vllm_cores() {  # vllm_cores LOG: the cores vLLM says it bound, from its log
+  grep -h "core ids" "$1" | head -1 | sed 's/.*core ids/vLLM compute threads bound to core ids/'
+}
+
 serve_one() {  # serve_one vlite|vllm: the 2 req/s workload, then (with saturate) the rate sweep
   local kind=$1
   start_server "$kind" "$OUT/server_$kind.log" || { stop_server; return 1; }
-  if [ "$kind" = vllm ]; then
-    grep -h "core ids" "$OUT/server_$kind.log" | head -1 | sed 's/.*core ids/vLLM compute threads bound to core ids/'
-  fi
+  if [ "$kind" = vllm ]; then vllm_cores "$OUT/server_$kind.log"; fi
   if want serving; then echo "vs_vllm: serving, $kind, $SERVE_N prompts at 2 req/s"; bench_serve "serve_$kind.json" "$SERVE_N" 2; fi
   if want saturate; then
     for rate in $SAT_RATES; do
@@ -125,9 +129,7 @@ if want w1; then
       --model "$MODEL_DIR" --dtype "$dtype" --json "$OUT/w1_vllm_$dtype.json" > "$OUT/w1_vllm_$dtype.log" 2>&1 \
       || { echo "vs_vllm: vLLM W1 $dtype failed:"; tail -20 "$OUT/w1_vllm_$dtype.log"; }
     grep "^vLLM W1" "$OUT/w1_vllm_$dtype.log"
-    # vLLM's CPU build binds its compute threads itself: by default one core per rank is reserved for
-    # its scheduler process (on 2 cores: compute on core 0 only); VLLM_CPU_NUM_OF_RESERVED_CPU=0 uses both
-    grep -h "core ids" "$OUT/w1_vllm_$dtype.log" | head -1 | sed 's/.*core ids/vLLM compute threads bound to core ids/'
+    vllm_cores "$OUT/w1_vllm_$dtype.log"
   done
 fi
 
