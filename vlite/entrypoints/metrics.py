@@ -102,11 +102,11 @@ def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
         yield c
 
 
-def _mean_time_per_output_token(m, out: RequestOutput) -> float:
+def _mean_time_per_output_token(out: RequestOutput) -> float:
     """Seconds per output token after the first, as vLLM's ``mean_time_per_output_token``
     (vllm/v1/metrics/stats.py): decode time over generated tokens - 1 (the longest choice's), 0 if
     fewer than two tokens came."""
-    tokens = max((len(c.token_ids) for c in out.outputs), default=0)
+    m, tokens = out.metrics, max((len(c.token_ids) for c in out.outputs), default=0)
     if tokens < 2 or m.first_token_time is None or m.last_token_time is None:
         return 0.0
     return max(0.0, m.last_token_time - m.first_token_time) / (tokens - 1)
@@ -169,7 +169,7 @@ class ServerMetrics:
             self.request_success.labels(self.model_name, reason or "error").inc()
             finished = m.finished_time or time.time()
             self.e2e.observe(max(0.0, finished - m.arrival_time))
-            self.tpot.observe(_mean_time_per_output_token(m, out))
+            self.tpot.observe(_mean_time_per_output_token(out))
             self._observe_phases(m, finished)
 
     def _observe_phases(self, m, finished: float) -> None:
