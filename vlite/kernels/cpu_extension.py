@@ -4,7 +4,7 @@ packed-weight GEMM of the linear layers (``cpu_gemm.cpp``).
 
 torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
 (``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``); the first build takes about 30 s, later processes load it in
+``~/.cache/torch_extensions``); the first build takes 30-120 s (the packed GEMM is most of it), later processes load it in
 well under a second. The build needs a C++ compiler and ninja (a dependency of vlite). When it
 cannot be built, ``load()`` logs why once and returns None, and every caller falls back to its
 torch path.
@@ -69,7 +69,7 @@ def _build():
         from torch.utils.cpp_extension import load as load_extension
 
         if not _already_built(name):  # a first start would otherwise look like a slow model load
-            logger.warning("building the C++ CPU kernels (once per machine and venv, about 30 s) ...")
+            logger.warning("building the C++ CPU kernels (once per machine and venv, 30-120 s) ...")
         with _venv_ninja_first():
             return load_extension(name=name, sources=[str(p) for p in SOURCES],
                                   extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
