@@ -20,6 +20,7 @@ import torch
 from vlite.engine.logits_processors import apply_logits_processors
 from vlite.engine.sequence import Sequence
 from vlite.engine.structured_output import apply_grammar_masks
+from vlite.kernels import cpu_sampling
 
 
 @dataclass
@@ -91,7 +92,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     if all(s.sampling_params.greedy and not s.sampling_params.uses_penalties
            and s.num_output_tokens >= s.sampling_params.min_tokens and s.sampling_params.logprobs is None
            for s in seqs):
-        return SamplerOutput(logits.argmax(-1).tolist(), [None] * len(seqs))
+        return SamplerOutput(cpu_sampling.argmax(logits).tolist(), [None] * len(seqs))
     for i, seq in enumerate(seqs):
         p = seq.sampling_params
         row = logits[i]

@@ -11,5 +11,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_gemm_supported", &packed_gemm_supported, "whether packed_linear runs this dtype ('float32' or 'bfloat16') here");
   m.def("pack_linear_weight", &pack_linear_weight, py::call_guard<py::gil_scoped_release>(), "W [N, K] -> the packed layout packed_linear reads");
   m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(), "y [M, N] = x [M, K] W^T (+ bias) on a packed W");
+  m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(), "index of each row's first maximum (first NaN if any), as torch.argmax(-1)");
   m.def("rotary_store", &rotary_store, py::call_guard<py::gil_scoped_release>(), "rotary on q and k heads of qkv, k and v stored in the paged cache");
 }

@@ -1,6 +1,7 @@
 """vlite's C++ CPU extension, built on first use: the paged decode kernel
 (``cpu_paged_attention.cpp``), the fused elementwise ops (``cpu_fused_ops.cpp``) and the
-packed-weight GEMM of the linear layers (``cpu_gemm.cpp``).
+packed-weight GEMM of the linear layers (``cpu_gemm.cpp``) and greedy sampling's argmax
+(``cpu_sampling.cpp``).
 
 torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
 (``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
@@ -25,7 +26,7 @@ logger = logging.getLogger("vlite.kernels")
 
 _DIR = Path(__file__).parent
 SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp",
-           _DIR / "cpu_gemm.cpp"]
+           _DIR / "cpu_gemm.cpp", _DIR / "cpu_sampling.cpp"]
 HEADERS = [_DIR / "cpu_ops.h", _DIR / "cpu_vec.h"]
 _lock = threading.Lock()
 _state: dict = {}
@@ -45,7 +46,7 @@ def _cpu_tag() -> str:
 def load():
     """The compiled module (``paged_decode``, ``rms_norm``, ``fused_add_rms_norm``,
     ``silu_and_mul``, ``rotary_store``, ``packed_gemm_supported``, ``pack_linear_weight``,
-    ``packed_linear``), or None when it cannot be built here."""
+    ``packed_linear``, ``argmax_rows``), or None when it cannot be built here."""
     with _lock:
         if "module" not in _state:
             _state["module"] = _build()

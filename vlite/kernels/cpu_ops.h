@@ -23,3 +23,6 @@ bool packed_gemm_supported(const std::string& dtype);
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                             int64_t out_features);
+
+// cpu_sampling.cpp
+torch::Tensor argmax_rows(torch::Tensor logits);

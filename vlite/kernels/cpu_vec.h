@@ -116,9 +116,19 @@ inline v16 exp16_nonpositive(v16 x) {
   return p;
 }
 
-// exp(x) for any x: Cephes' expf on [-87, 88.37], +inf above where float32's exp overflows (as
-// torch's), the value at -87 below.
+// exp(x) for any x: Cephes' expf on [-87, 88.72], +inf above where float32's exp overflows (as
+// torch's), the value at -87 below. With AVX-512 the 2^n scaling is one VSCALEFPS (exact, and
+// +inf past float32's range) and n one VRNDSCALEPS: 13 vector ops instead of about 30, which is
+// most of SiLU's time (the two 512-bit ports bound it). The same polynomial and accuracy; n is
+// rounded to nearest even instead of floor(t + 0.5), so about 0.2% of values differ by 1 ulp.
 inline v16 exp16(v16 x) {
+#if defined(__AVX512F__)
+  // max/min with the constant first: a NaN x comes back as x
+  __m512 c = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), (__m512)x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return (v16)_mm512_scalef_ps((__m512)exp_reduced((v16)c, (v16)n), n);
+#else
   const v16 overflow = (v16)((v16i)(x > splat(88.7228394f)) & (v16i)splat(INFINITY));
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
   x = x > splat(88.3762626647949f) ? splat(88.3762626647949f) : x;
@@ -135,6 +145,7 @@ inline v16 exp16(v16 x) {
   std::memcpy(&s2, &e2, 64);
   p = p * s1 * s2;
   return overflow == splat(INFINITY) ? overflow : p;
+#endif
 }
 
 }  // namespace vlite_cpu
