@@ -230,6 +230,8 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
         [IdlePoint(0, 10 * i, 0, 200_000_000 + 100 * i) for i in range(2, 7)]
     t = rss_trend(warm)
     assert t.n == 5 and t.baseline == 200_000_200 and not t.rising  # the warm-up jump is not a trend
+    flat = _trend_line(t)
+    assert flat.endswith("[informational: the verdict rests on blocks]") and "rising" not in flat
     growing = [IdlePoint(0, 10 * i, 0, 10 * i * 4 * RSS_THRESHOLD_BYTES_PER_REQUEST) for i in range(6)]
     t = rss_trend(growing)
     assert t.rising

@@ -22,10 +22,13 @@ def _trend_line(t) -> str:
     unit = "blocks" if t.metric == "num_used_blocks" else "bytes"
     if t.slope is None:
         return f"{t.metric}: {t.n} idle points (need 3 for a trend)"
+    if unit == "blocks":
+        tag = "  [RISING]" if t.rising else ""
+    else:  # said whether it rises or not: a flat RSS does not clear a run any more than a rising one fails it
+        tag = ("  [rising; informational: allocator warm-up and caches also grow RSS, the verdict rests on blocks]"
+               if t.rising else "  [informational: the verdict rests on blocks]")
     return (f"{t.metric} troughs: slope {t.slope:.4g} {unit}/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g}), "
-            f"R^2 {t.r2:.2f}, {t.n} idle points, baseline {t.baseline:.6g} -> last {t.last:.6g}"
-            + (("  [RISING]" if unit == "blocks" else "  [rising; informational: allocator warm-up and caches "
-                "also grow RSS, the verdict rests on blocks]") if t.rising else ""))
+            f"R^2 {t.r2:.2f}, {t.n} idle points, baseline {t.baseline:.6g} -> last {t.last:.6g}" + tag)
 
 
 def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:

@@ -16,13 +16,12 @@
 // (2 row tiles of x times 2 column tiles of W), products exact in float32 and sums in float32,
 // rounded to bfloat16 once at the end as torch rounds (nearest even). AMX needs the kernel's
 // permission to use the tile state (Linux ``arch_prctl(ARCH_REQ_XCOMP_PERM)``), asked once.
+#include "cpu_amx.h"
 #include "cpu_ops.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -127,38 +126,9 @@ void f32_linear(const float* X, const float* W, const float* bias, float* Y, int
 }
 #endif  // __AVX512F__
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define VLITE_HAVE_AMX 1
-
-struct TileConfig {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-bool amx_permitted() {
-  static const bool ok = [] {
-    unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    const bool cpu = (edx >> 22 & 1) && (edx >> 24 & 1);  // AMX-BF16, AMX-TILE
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return cpu && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
+#if defined(VLITE_HAVE_AMX)
 // Tiles: 0-3 the 32 x 32 float32 sums (row tile r, column tile c at 2r + c), 4-5 two row tiles of
 // x (16 rows x 32 k), 6-7 two column tiles of W (16 k pairs x 16 columns).
-void configure_tiles() {
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes
 
 // One pass over a pair of column blocks: RT (1 or 2) row tiles from a0 / a1 (rows `lda` elements

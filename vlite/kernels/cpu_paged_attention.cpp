@@ -12,6 +12,11 @@
 // sum, then the probability-weighted sum of V. One task per (sequence, KV head), handed out
 // longest first to torch's OpenMP threads. Vectors are GCC vector extensions (16 floats),
 // so the compiler emits AVX-512 (or pairs of AVX2 registers) for the machine it builds on.
+// bfloat16 scores on CPUs with AMX (block_size a multiple of 16, head_dim of 32): 16 tokens' K
+// rows are one AMX A tile (rows a slot stride apart, straight from the block), the KV head's query
+// heads q^T one B tile, and TDPBF16PS gives the 16 x G scores with no horizontal sums (products
+// exact, sums float32, as VDPBF16PS); elsewhere VDPBF16PS or float32 FMAs and a transpose-add.
+#include "cpu_amx.h"
 #include "cpu_ops.h"
 #include "cpu_vec.h"
 
@@ -21,6 +26,7 @@
 #include <atomic>
 #include <type_traits>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 using namespace vlite_cpu;
@@ -71,7 +77,18 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
   auto seq_of = [&](int64_t job) { return job * heads_per_job / hkv; };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lens[seq_of(a)] > lens[seq_of(b)]; });
   std::atomic<int64_t> next{0};
+#if defined(VLITE_HAVE_AMX)
+  const bool use_amx = std::is_same_v<T, at::BFloat16> && bs % 16 == 0 && dim % 32 == 0 && group <= 16 &&
+                       amx_permitted();
+#else
+  constexpr bool use_amx = false;
+#endif
   at::parallel_for(0, std::min(threads, num_jobs), 1, [&](int64_t, int64_t) {
+#if defined(VLITE_HAVE_AMX)
+    if (use_amx) configure_tiles();
+    alignas(64) uint32_t q_tiles[kMaxDimVecs / 2][16][16];  // q^T as B tiles: [dim / 32][dim pair][query head]
+    alignas(64) float score_tile[16][16];                  // [token][query head]
+#endif
     std::vector<float> scores, widened(16 * dim);
     for (int64_t i; (i = next.fetch_add(1)) < num_jobs;)
     for (int64_t h = order[i] * heads_per_job % hkv, h_end = h + heads_per_job; h < h_end; ++h) {
@@ -116,12 +133,52 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
           }
         }
       };
+#if defined(VLITE_HAVE_AMX)
+      if (use_amx) {  // pairs of q values, zero past the group's heads
+        std::memset(q_tiles, 0, dim / 32 * sizeof(q_tiles[0]));
+        for (int64_t g = 0; g < group; ++g) {
+          const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q + (seq * hq + h * group + g) * dim);
+          for (int64_t c = 0; c < dim / 32; ++c)
+            for (int r = 0; r < 16; ++r) q_tiles[c][r][g] = pairs[c * 16 + r];
+        }
+      }
+#endif
       // pass 1: scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
       for (int64_t t0 = 0; t0 < len; t0 += 16) {
         const int64_t m = std::min<int64_t>(16, len - t0);
         // the next 16 K rows, and this chunk's V rows for pass 3 (L2 holds them)
-        for (int64_t t = t0 + 16; t < std::min(t0 + 32, len); ++t) prefetch(row_of(kc, t));
-        for (int64_t t = t0; t < t0 + m; ++t) prefetch(row_of(vc, t));
+        if (bs % 16 == 0) {  // a chunk lies in one block: one table lookup, rows a slot stride apart
+          if (t0 + 16 < len) {
+            const T* next = row_of(kc, t0 + 16);
+            for (int64_t i = 0, e = std::min<int64_t>(16, len - t0 - 16); i < e; ++i) prefetch(next + i * slot_stride);
+          }
+          const T* vrow = row_of(vc, t0);
+          for (int64_t i = 0; i < m; ++i) prefetch(vrow + i * slot_stride);
+        } else {
+          for (int64_t t = t0 + 16; t < std::min(t0 + 32, len); ++t) prefetch(row_of(kc, t));
+          for (int64_t t = t0; t < t0 + m; ++t) prefetch(row_of(vc, t));
+        }
+#if defined(VLITE_HAVE_AMX)
+        if (use_amx) {
+          // the chunk's 16 slots of the block (rows past len are the block's unused slots: read,
+          // then masked); score_tile[i][g] = k_i . q_g over the dims, 32 at a time
+          const char* first = reinterpret_cast<const char*>(row_of(kc, t0));
+          _tile_zero(0);
+          for (int64_t c = 0; c < dim / 32; ++c) {
+            _tile_loadd(4, first + 64 * c, slot_stride * sizeof(T));
+            _tile_loadd(6, q_tiles[c], 64);
+            _tile_dpbf16ps(0, 4, 6);
+          }
+          _tile_stored(0, score_tile, 64);
+          const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+          for (int64_t g = 0; g < group; ++g) {
+            v16 sums = (v16)_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32(g)), &score_tile[0][0], 4) * scale;
+            for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
+            store16(&scores[g * padded + t0], sums);
+          }
+          continue;
+        }
+#endif
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, at::BFloat16>) {
           if (dim % 32 == 0) {  // bf16 rows straight into VDPBF16PS: exact products, float32 sums
@@ -219,6 +276,9 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       for (int64_t g = 0; g < group; ++g)
         for (int64_t j = 0; j < dv; ++j) store16(out + (seq * hq + h * group + g) * dim + j * 16, acc[g][j] * inv[g]);
     }
+#if defined(VLITE_HAVE_AMX)
+    if (use_amx) _tile_release();
+#endif
   });
 }
 
