@@ -103,7 +103,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
             if banned:
                 row[torch.tensor(banned, dtype=torch.long, device=row.device)] = float("-inf")
         if p.greedy:
-            token = int(row.argmax())
+            token = int(cpu_sampling.argmax(row.unsqueeze(0))[0])
         else:
             row = _truncate(row / p.temperature, p.top_k, p.top_p, p.min_p)
             token = draw(row.softmax(-1), seq.generator or generator)

@@ -78,8 +78,8 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lens[seq_of(a)] > lens[seq_of(b)]; });
   std::atomic<int64_t> next{0};
 #if defined(VLITE_HAVE_AMX)
-  const bool use_amx = std::is_same_v<T, at::BFloat16> && bs % 16 == 0 && dim % 32 == 0 && group <= 16 &&
-                       amx_permitted();
+  static_assert(kMaxGroup <= 16, "a KV head's query heads are the columns of one AMX B tile");
+  const bool use_amx = std::is_same_v<T, at::BFloat16> && bs % 16 == 0 && dim % 32 == 0 && amx_permitted();
 #else
   constexpr bool use_amx = false;
 #endif

@@ -12,9 +12,17 @@ using namespace vlite_cpu;
 
 namespace {
 
+int64_t first_nan(const float* row, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(row[i])) return i;
+  return -1;
+}
+
+// row[0..n), n > 0: the index of the first maximum, or of the first NaN if there is one
 int64_t first_max(const float* row, int64_t n) {
   int64_t j = 0, best_index = 0;
   float best = row[0];
+  bool nan = false;
   if (n >= 16) {
     // each lane keeps its first maximum (strict >); the lanes' ties go to the smallest index
     v16 lane_max = load16(row);
@@ -28,12 +36,7 @@ int64_t first_max(const float* row, int64_t n) {
       lane_index = greater ? index : lane_index;
       any_nan |= (v16i)(v != v);
     }
-    bool nan = false;
     for (int l = 0; l < 16; ++l) nan |= any_nan[l] != 0;
-    if (nan) {
-      for (int64_t i = 0; i < n; ++i)
-        if (std::isnan(row[i])) return i;
-    }
     best = lane_max[0];
     best_index = lane_index[0];
     for (int l = 1; l < 16; ++l)
@@ -43,16 +46,13 @@ int64_t first_max(const float* row, int64_t n) {
       }
   }
   for (; j < n; ++j) {  // the tail past the last full vector (or a row under 16 values)
-    if (std::isnan(row[j])) {
-      for (int64_t i = 0; i < n; ++i)
-        if (std::isnan(row[i])) return i;
-    }
+    nan |= std::isnan(row[j]);
     if (row[j] > best) {
       best = row[j];
       best_index = j;
     }
   }
-  return std::isnan(best) ? 0 : best_index;
+  return nan ? first_nan(row, n) : best_index;
 }
 
 }  // namespace
