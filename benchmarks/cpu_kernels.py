@@ -16,6 +16,11 @@
    also timed over 30 layers' caches (per layer, float32 and bfloat16; with the K/V bytes read
    per second).
 
+4. Greedy sampling's argmax over 64 rows of SmolLM2's 49,152 float32 logits: torch's
+   ``argmax(-1)`` against the C++ ``argmax_rows`` (``cpu_sampling``).
+5. SiLU-and-mul over 64 rows of SmolLM2's 2 x 1536 (float32 and bfloat16): the torch ops
+   (``fused_ops.TorchOps``) against the C++ op (``fused_ops.CppOps``).
+
 Each timing is the best of ``--repeats`` runs of ``--iters`` calls (milliseconds per call).
 
     .venv/bin/python benchmarks/cpu_kernels.py [--repeats 5] [--iters 20] [--json out.json]
@@ -134,6 +139,25 @@ def decode_attention(repeats: int, iters: int) -> dict:
     return out
 
 
+def sampling_and_silu(repeats: int, iters: int) -> dict:
+    from vlite.kernels import cpu_extension, fused_ops
+
+    logits = torch.randn(64, 49152, generator=torch.Generator().manual_seed(0))
+    out = {"torch_argmax_ms": best_ms(lambda: logits.argmax(-1), repeats, iters)}
+    module = cpu_extension.load()
+    if module is not None and hasattr(module, "argmax_rows"):  # an older checkout on PYTHONPATH may lack it
+        out["cpp_argmax_ms"] = best_ms(lambda: module.argmax_rows(logits), repeats, iters)
+    for dtype in (torch.float32, torch.bfloat16):
+        gate_up = torch.randn(64, 2 * 1536).to(dtype)
+        name = str(dtype).removeprefix("torch.")
+        out[f"torch_silu_and_mul_{name}_ms"] = best_ms(lambda: fused_ops.TorchOps.silu_and_mul(gate_up), repeats,
+                                                       iters)
+        if module is not None:
+            cpp = fused_ops.CppOps(module)
+            out[f"cpp_silu_and_mul_{name}_ms"] = best_ms(lambda: cpp.silu_and_mul(gate_up), repeats, iters)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -144,7 +168,8 @@ def main() -> None:
         result = {"torch_threads": torch.get_num_threads(),
                   "linear_64_rows": linear_layers(args.repeats, args.iters),
                   "prefill_attention": prefill_attention(args.repeats, args.iters),
-                  "decode_attention_64_rows": decode_attention(args.repeats, args.iters)}
+                  "decode_attention_64_rows": decode_attention(args.repeats, args.iters),
+                  "sampling_and_silu_64_rows": sampling_and_silu(args.repeats, args.iters)}
     for name, r in result["linear_64_rows"].items():
         if name == "max_abs_error_vs_float64":
             print(f"64 x 576 x 3072 max |error| vs float64: F.linear {r['f_linear']:.2e}, oneDNN {r['onednn']:.2e}")
@@ -164,6 +189,12 @@ def main() -> None:
           f"{r.get('cpp_kernel_dram_gb_per_s', float('nan')):.1f} GB/s of K/V; bfloat16 "
           f"{r.get('cpp_kernel_dram_bf16_ms_per_layer', float('nan')):.2f} ms, "
           f"{r.get('cpp_kernel_dram_bf16_gb_per_s', float('nan')):.1f} GB/s)")
+    r = result["sampling_and_silu_64_rows"]
+    nan = float("nan")
+    print(f"greedy argmax, 64 x 49152: torch {r['torch_argmax_ms']:.3f} ms, C++ {r.get('cpp_argmax_ms', nan):.3f} ms")
+    for name in ("float32", "bfloat16"):
+        print(f"SiLU-and-mul {name}, 64 x 1536: torch ops {r[f'torch_silu_and_mul_{name}_ms']:.3f} ms, C++ "
+              f"{r.get(f'cpp_silu_and_mul_{name}_ms', nan):.3f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
