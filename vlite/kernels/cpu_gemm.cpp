@@ -10,7 +10,8 @@
 // rank-1 update per k (one broadcast of x, three loads of the panel, 24 FMAs): a plain float32
 // dot product per output in k order, as a BLAS micro-kernel does (Goto and van de Geijn 2008).
 //
-// bfloat16 (CPUs with AMX-BF16: Intel Sapphire Rapids and later): the weight in VNNI blocks of 16
+// bfloat16 (CPUs with AMX-BF16, Intel Sapphire Rapids and later; or else AVX512-BF16, see
+// dpbf16_linear): the weight in VNNI blocks of 16
 // output columns, [ceil(N/32)*2][K/2][16][2] (pairs of k side by side, zero-padded past N), so a
 // block's 16 rows of 64 bytes are one AMX B tile. Each pass computes 32 x 32 outputs in 4 tiles
 // (2 row tiles of x times 2 column tiles of W), products exact in float32 and sums in float32,
@@ -226,6 +227,109 @@ void bf16_linear(const at::BFloat16* X, const at::BFloat16* W, const at::BFloat1
 }
 #endif  // AMX
 
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define VLITE_HAVE_AVX512_BF16 1
+// bfloat16 without AMX (AVX512-BF16 CPUs: AMD Zen 4 and later, Intel Cooper Lake): the AMX
+// layout's pair of 16-column blocks, one 64-byte row of k pairs per step from each. VDPBF16PS adds
+// a[k] b[k] + a[k+1] b[k+1] into each float32 lane; the products are exact in float32 and the sums
+// float32, as in the AMX pass.
+constexpr int64_t kDpRows = 12;  // rows per pass: 24 accumulators, 2 weight and 1 broadcast registers
+
+template <int MR>
+inline void dpbf16_block(const at::BFloat16* A, int64_t lda, const char* B0, const char* B1, int64_t k_pairs,
+                         const at::BFloat16* bias, at::BFloat16* C, int64_t ldc, int64_t rows, int64_t n_valid,
+                         StreamPrefetch& pf) {
+  __m512 c[MR][2];
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  const int32_t* a32 = reinterpret_cast<const int32_t*>(A);  // one k pair of bfloat16 per int32
+  const int64_t lda32 = lda / 2;
+  for (int64_t kk = 0; kk < k_pairs; ++kk) {
+    pf.step();
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(B0 + kk * 64), b1 = (__m512bh)_mm512_loadu_si512(B1 + kk * 64);
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(a32[i * lda32 + kk]);
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], a, b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], a, b1);
+    }
+  }
+  v16 b[2] = {};
+  for (int j = 0; j < 2; ++j) {
+    const int64_t left = std::clamp<int64_t>(n_valid - 16 * j, 0, 16);
+    if (bias && left) {
+      alignas(64) at::BFloat16 bb[16] = {};
+      std::memcpy(bb, bias + 16 * j, left * sizeof(at::BFloat16));
+      b[j] = load16(bb);
+    }
+  }
+  for (int i = 0; i < MR && i < rows; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const int64_t left = std::clamp<int64_t>(n_valid - 16 * j, 0, 16);
+      if (!left) break;
+      const v16 sum = (v16)c[i][j] + b[j];
+      if (left == 16) {
+        store16(C + i * ldc + 16 * j, sum);
+      } else {
+        alignas(64) at::BFloat16 out[16];
+        store16(out, sum);
+        std::memcpy(C + i * ldc + 16 * j, out, left * sizeof(at::BFloat16));
+      }
+    }
+}
+
+template <int MR>
+inline void dpbf16_rows(int64_t rows, const at::BFloat16* A, int64_t lda, const char* B0, const char* B1,
+                        int64_t k_pairs, const at::BFloat16* bias, at::BFloat16* C, int64_t ldc, int64_t n_valid,
+                        StreamPrefetch& pf) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return dpbf16_rows<MR - 1>(rows, A, lda, B0, B1, k_pairs, bias, C, ldc, n_valid, pf);
+  }
+  dpbf16_block<MR>(A, lda, B0, B1, k_pairs, bias, C, ldc, rows, n_valid, pf);
+}
+
+void dpbf16_linear(const at::BFloat16* X, const at::BFloat16* W, const at::BFloat16* bias, at::BFloat16* Y, int64_t M,
+                   int64_t K, int64_t N) {
+  const int64_t pairs = (N + 31) / 32, k_pairs = K / 2, block_bytes = K / 2 * 64, pair_bytes = 2 * block_bytes;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pairs);
+  // rows of x kept in L2 (about 256 KB of them) while the thread's weight share streams by once
+  const int64_t row_block = std::max<int64_t>(1, (256 * 1024) / (2 * K) / kDpRows) * kDpRows;
+  at::parallel_for(0, threads, 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      int64_t q0, q1;
+      share(pairs, t, threads, q0, q1);
+      const char* base = reinterpret_cast<const char*>(W);
+      const char* stream_end = base + q1 * pair_bytes;
+      for (int64_t r0 = 0; r0 < M; r0 += row_block) {
+        const int64_t r1 = std::min(M, r0 + row_block), passes = (r1 - r0 + kDpRows - 1) / kDpRows;
+        for (int64_t q = q0; q < q1; ++q) {
+          const char* B0 = base + q * pair_bytes;
+          // the pair after this one; after the share's last pair, its first (read again for the next row block)
+          const char* ahead = q + 1 < q1 ? B0 + pair_bytes : (r1 < M ? base + q0 * pair_bytes : stream_end);
+          StreamPrefetch pf(ahead, stream_end, pair_bytes, passes * k_pairs);
+          const int64_t n0 = q * 32, n_valid = std::min<int64_t>(32, N - n0);
+          const at::BFloat16* b = bias ? bias + n0 : nullptr;
+          for (int64_t m0 = r0; m0 < r1; m0 += kDpRows)
+            dpbf16_rows<kDpRows>(std::min(kDpRows, r1 - m0), X + m0 * K, K, B0, B0 + block_bytes, k_pairs, b,
+                                 Y + m0 * N + n0, N, n_valid, pf);
+        }
+      }
+    }
+  });
+}
+#endif  // AVX512-BF16
+
+// Which bfloat16 kernel runs here: AMX where the process may use it, else AVX512-BF16.
+enum class Bf16Kernel { kNone, kAmx, kAvx512Bf16 };
+Bf16Kernel bf16_kernel() {
+#if defined(VLITE_HAVE_AMX)
+  if (amx_permitted()) return Bf16Kernel::kAmx;
+#endif
+#if defined(VLITE_HAVE_AVX512_BF16)
+  return Bf16Kernel::kAvx512Bf16;
+#else
+  return Bf16Kernel::kNone;
+#endif
+}
+
 }  // namespace
 
 namespace {
@@ -233,9 +337,7 @@ bool supported(c10::ScalarType dtype) {
 #if defined(__AVX512F__)
   if (dtype == at::kFloat) return true;
 #endif
-#if defined(VLITE_HAVE_AMX)
-  if (dtype == at::kBFloat16) return amx_permitted();
-#endif
+  if (dtype == at::kBFloat16) return bf16_kernel() != Bf16Kernel::kNone;
   return false;
 }
 
@@ -281,16 +383,24 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, c10::optional
     return y;
   }
 #endif
-#if defined(VLITE_HAVE_AMX)
-  if (x.scalar_type() == at::kBFloat16) {
-    TORCH_CHECK(amx_permitted(), "packed_linear: AMX is not usable in this process");
+  if (x.scalar_type() == at::kBFloat16 && bf16_kernel() != Bf16Kernel::kNone) {
     TORCH_CHECK(packed.dim() == 4 && packed.size(1) == K / 2 && K % 32 == 0 && packed.size(0) * 16 >= N,
                 "packed_linear: the weight was packed for another shape");
-    bf16_linear(x.data_ptr<at::BFloat16>(), packed.data_ptr<at::BFloat16>(),
-                bias ? bias->data_ptr<at::BFloat16>() : nullptr, y.data_ptr<at::BFloat16>(), M, K, N);
+    const auto* xp = x.data_ptr<at::BFloat16>();
+    const auto* wp = packed.data_ptr<at::BFloat16>();
+    const auto* bp = bias ? bias->data_ptr<at::BFloat16>() : nullptr;
+    auto* yp = y.data_ptr<at::BFloat16>();
+#if defined(VLITE_HAVE_AMX)
+    if (bf16_kernel() == Bf16Kernel::kAmx) {
+      bf16_linear(xp, wp, bp, yp, M, K, N);
+      return y;
+    }
+#endif
+#if defined(VLITE_HAVE_AVX512_BF16)
+    dpbf16_linear(xp, wp, bp, yp, M, K, N);
+#endif
     return y;
   }
-#endif
   TORCH_CHECK(false, "packed_linear: no packed GEMM for ", x.scalar_type(), " on this CPU");
   return y;
 }

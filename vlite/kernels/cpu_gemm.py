@@ -2,7 +2,7 @@
 packed layouts are described there, the measurements in docs/kernels.md).
 
 Shapes: x [M, K], W [N, K] (``nn.Linear``'s layout), bias [N], y [M, N]; float32 on CPUs with
-AVX-512, bfloat16 on CPUs with AMX-BF16; M any (0 included).
+AVX-512, bfloat16 on CPUs with AMX-BF16 or AVX512-BF16; M any (0 included).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Three CPU GEMMs (``EngineConfig.cpu_gemm`` or ``VLITE_CPU_GEMM``):
   * "vlite": vlite's own C++ kernels (``vlite/kernels/cpu_gemm.cpp``) on a weight packed once at
-    load: float32 on any CPU with AVX-512, bfloat16 on CPUs with AMX. Each thread streams its
+    load: float32 on any CPU with AVX-512, bfloat16 on CPUs with AMX or AVX512-BF16. Each thread streams its
     share of the packed weight once per call and prefetches ahead; at a decode step's 1-64 rows a
     linear layer is a read of its weight from DRAM, and this is 1.3-1.9x oneDNN's speed there on
     this project's Sapphire Rapids machine (docs/kernels.md, "The packed GEMM").
@@ -46,7 +46,7 @@ def onednn_gemm_available(dtype: torch.dtype = torch.float32) -> bool:
 
 def vlite_gemm_available(dtype: torch.dtype = torch.float32) -> bool:
     """Whether vlite's packed GEMM (``cpu_gemm.cpp``) runs ``dtype`` here: the C++ extension
-    built, and the CPU has AVX-512 (float32) or AMX-BF16 that this process may use (bfloat16).
+    built, and the CPU has AVX-512 (float32) or, for bfloat16, AMX-BF16 that this process may use or else AVX512-BF16.
     Building the extension the first time takes a while (``cpu_extension``)."""
     return cpu_gemm.available(dtype)
 
@@ -70,7 +70,7 @@ def resolve_cpu_gemm_backend(backend: str | None, dtype: torch.dtype = torch.flo
         return "onednn" if onednn_gemm_available(dtype) else "torch"
     if backend == "vlite" and not vlite_gemm_available(dtype):
         raise ValueError(f"{source}='vlite' cannot run {dtype_name} weights here: it needs the C++ extension "
-                         "(g++ and ninja) and, for float32, a CPU with AVX-512, for bfloat16 one with AMX-BF16; "
+                         "(g++ and ninja) and, for float32, a CPU with AVX-512, for bfloat16 one with AMX-BF16 or AVX512-BF16; "
                          "use 'onednn', 'torch' or 'auto' instead")
     if backend == "onednn" and not onednn_gemm_available(dtype):
         raise ValueError(f"{source}='onednn' cannot run {dtype_name} weights here: it needs a torch build with "
