@@ -27,7 +27,7 @@ logger = logging.getLogger("vlite.kernels")
 _DIR = Path(__file__).parent
 SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp",
            _DIR / "cpu_gemm.cpp", _DIR / "cpu_sampling.cpp"]
-HEADERS = [_DIR / "cpu_amx.h", _DIR / "cpu_ops.h", _DIR / "cpu_vec.h"]
+HEADERS = [_DIR / "cpu_amx.h", _DIR / "cpu_ops.h", _DIR / "cpu_prefetch.h", _DIR / "cpu_vec.h"]
 _lock = threading.Lock()
 _state: dict = {}
 

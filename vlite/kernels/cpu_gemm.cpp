@@ -19,6 +19,7 @@
 // permission to use the tile state (Linux ``arch_prctl(ARCH_REQ_XCOMP_PERM)``), asked once.
 #include "cpu_amx.h"
 #include "cpu_ops.h"
+#include "cpu_prefetch.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
@@ -33,28 +34,6 @@ namespace {
 
 constexpr int64_t kPanel = 48;  // float32 panel width (3 vectors)
 constexpr int64_t kRows = 8;    // float32 rows per pass
-
-// Spreads the prefetch of the next stretch of a thread's weight stream over the k steps of the
-// current one: `lines` cache lines over `steps` steps, in order, never past `end`.
-struct StreamPrefetch {
-  const char* next;
-  const char* end;
-  int64_t per_step, every, countdown;
-
-  StreamPrefetch(const char* from, const char* stream_end, int64_t bytes, int64_t steps)
-      : next(from), end(std::min(from + bytes, stream_end)) {
-    const int64_t lines = (bytes + 63) / 64;
-    steps = std::max<int64_t>(1, steps);
-    per_step = std::max<int64_t>(1, (lines + steps - 1) / steps);
-    every = std::max<int64_t>(1, steps / std::max<int64_t>(1, lines));
-    countdown = every;
-  }
-  inline void step() {
-    if (--countdown) return;
-    countdown = every;
-    for (int64_t i = 0; i < per_step && next < end; ++i, next += 64) _mm_prefetch(next, _MM_HINT_T1);
-  }
-};
 
 // Contiguous share [begin, end) of `units` for thread t of `threads`.
 inline void share(int64_t units, int64_t t, int64_t threads, int64_t& begin, int64_t& end) {

@@ -18,6 +18,7 @@
 // exact, sums float32, as VDPBF16PS); elsewhere VDPBF16PS or float32 FMAs and a transpose-add.
 #include "cpu_amx.h"
 #include "cpu_ops.h"
+#include "cpu_prefetch.h"
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
@@ -41,11 +42,12 @@ constexpr int kMaxDimVecs = 16;  // head_dim <= 256
 // src: the chunk's m rows; p: the softmax numerators of query head g at p[g * padded].
 template <typename T, int kDV, int kG>
 inline void weighted_v_rows(const T* const* src, int64_t m, const float* p, int64_t padded,
-                            v16 (*acc)[kMaxDimVecs]) {
+                            v16 (*acc)[kMaxDimVecs], StreamPrefetch& pf) {
   v16 a[kG][kDV];
   for (int g = 0; g < kG; ++g)
     for (int j = 0; j < kDV; ++j) a[g][j] = acc[g][j];
   for (int64_t i = 0; i < m; ++i) {
+    pf.step();
     v16 vv[kDV];
     for (int j = 0; j < kDV; ++j) vv[j] = load16(src[i] + j * 16);
     for (int g = 0; g < kG; ++g) {
@@ -86,44 +88,63 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
   at::parallel_for(0, std::min(threads, num_jobs), 1, [&](int64_t, int64_t) {
 #if defined(VLITE_HAVE_AMX)
     if (use_amx) configure_tiles();
-    alignas(64) uint32_t q_tiles[kMaxDimVecs / 2][16][16];  // q^T as B tiles: [dim / 32][dim pair][query head]
-    alignas(64) float score_tile[16][16];                  // [token][query head]
+    // q^T as B tiles, per head of the job: [head][dim / 32][dim pair][query head]
+    std::vector<uint32_t> q_tiles(use_amx ? heads_per_job * kMaxDimVecs / 2 * 256 : 0);
+    alignas(64) float score_tile[16][16];  // [token][query head]
 #endif
     std::vector<float> scores, widened(16 * dim);
-    for (int64_t i; (i = next.fetch_add(1)) < num_jobs;)
-    for (int64_t h = order[i] * heads_per_job % hkv, h_end = h + heads_per_job; h < h_end; ++h) {
-      const int64_t seq = seq_of(order[i]), len = lens[seq];
+    // pass 3's sums, [head of the job][query head of the group][dim / 16]
+    std::vector<v16> acc_store(heads_per_job * kMaxGroup * kMaxDimVecs);
+    std::vector<float> inv(heads_per_job * group);  // 1 / the softmax sums, [head of the job][query head]
+    for (int64_t i; (i = next.fetch_add(1)) < num_jobs;) {
+      const int64_t seq = seq_of(order[i]), len = lens[seq], h_first = order[i] * heads_per_job % hkv;
       const int64_t* table = bt + seq * table_stride;
-      v16 qv[kMaxGroup][kMaxDimVecs];
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t j = 0; j < dv; ++j) qv[g][j] = load16(q + (seq * hq + h * group + g) * dim + j * 16) * scale;
       const int64_t padded = (len + 15) / 16 * 16;
-      scores.resize(group * padded);
-      auto row_of = [&](const T* cache, int64_t t) {
+      scores.resize(heads_per_job * group * padded);  // [head of the job][query head][token]
+      // the slot of token t (all KV heads' rows, slot_stride elements)
+      auto slot_of = [&](const T* cache, int64_t t) {
         const int64_t blk = bs_shift >= 0 ? t >> bs_shift : t / bs, off = bs_shift >= 0 ? t & (bs - 1) : t % bs;
-        return cache + (table[blk] * bs + off) * slot_stride + h * dim;
+        return cache + (table[blk] * bs + off) * slot_stride;
       };
-      // a row of this head is a few cache lines, strided by the other heads' rows and scattered
-      // over blocks: the hardware prefetcher does not follow, so the next rows are asked for
-      const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
-      auto prefetch = [&](const T* row) {
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + b);
+      // The chunk of 16 tokens at t0, the job's heads' rows: with every KV head in the job these
+      // are whole slots, and within a block consecutive slots are one contiguous run (12 KB for
+      // SmolLM2's 3 x 64 float32 at block size 16). The passes walk a chunk's rows for every head
+      // of the job before the next chunk, and ask for the next chunk's rows ahead: blocks are
+      // scattered, so the hardware prefetcher restarts at each one (measured: reading scattered
+      // 12 KB runs one head's rows at a time 5.7 GB/s, whole runs 7.8, whole runs with the next
+      // asked for ahead 12.9, on the Zen 4 machine of 2026-12-02; docs/kernels.md).
+      const int64_t job_bytes = heads_per_job * dim * static_cast<int64_t>(sizeof(T));
+      // The next chunk's rows for the job's heads (none past len), asked for over `steps` steps of
+      // the work on this one: with whole slots, one contiguous run spread over the steps; else
+      // each row at once.
+      auto prefetch_chunk = [&](const T* cache, int64_t t0, int64_t steps) {
+        if (t0 >= len) return StreamPrefetch();
+        const int64_t m = std::min<int64_t>(16, len - t0);
+        if (bs % 16 == 0 && heads_per_job == hkv) {
+          const char* run = reinterpret_cast<const char*>(slot_of(cache, t0));
+          return StreamPrefetch(run, run + m * job_bytes, m * job_bytes, steps);
+        }
+        for (int64_t t = t0; t < t0 + m; ++t) {
+          const char* row = reinterpret_cast<const char*>(slot_of(cache, t) + h_first * dim);
+          for (int64_t b = 0; b < job_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+        }
+        return StreamPrefetch();
       };
-      // the rows of tokens t0 .. t0 + 15 (past the end: a valid row, its score masked to -inf)
+      // the rows of head h for tokens t0 .. t0 + 15 (past the end: a valid row, its score masked to -inf)
       const T* src[16];
-      auto chunk_ptrs = [&](const T* cache, int64_t t0, int64_t m) {
+      auto chunk_ptrs = [&](const T* cache, int64_t h, int64_t t0, int64_t m) {
         if (bs % 16 == 0 && m == 16) {  // all 16 in one block, consecutive slots
-          const T* first = row_of(cache, t0);
+          const T* first = slot_of(cache, t0) + h * dim;
           for (int i = 0; i < 16; ++i) src[i] = first + i * slot_stride;
         } else {
-          for (int64_t i = 0; i < 16; ++i) src[i] = row_of(cache, t0 + (i < m ? i : 0));
+          for (int64_t i = 0; i < 16; ++i) src[i] = slot_of(cache, t0 + (i < m ? i : 0)) + h * dim;
         }
       };
       // the same rows as float32: bfloat16 rows are widened once into a buffer here, not once
       // per query head
       const float* rows[16];
-      auto chunk_rows = [&](const T* cache, int64_t t0, int64_t m) {
-        chunk_ptrs(cache, t0, m);
+      auto chunk_rows = [&](const T* cache, int64_t h, int64_t t0, int64_t m) {
+        chunk_ptrs(cache, h, t0, m);
         if constexpr (std::is_same_v<T, float>) {
           for (int i = 0; i < 16; ++i) rows[i] = src[i];
         } else {
@@ -135,104 +156,108 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       };
 #if defined(VLITE_HAVE_AMX)
       if (use_amx) {  // pairs of q values, zero past the group's heads
-        std::memset(q_tiles, 0, dim / 32 * sizeof(q_tiles[0]));
-        for (int64_t g = 0; g < group; ++g) {
-          const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q + (seq * hq + h * group + g) * dim);
-          for (int64_t c = 0; c < dim / 32; ++c)
-            for (int r = 0; r < 16; ++r) q_tiles[c][r][g] = pairs[c * 16 + r];
-        }
+        std::memset(q_tiles.data(), 0, q_tiles.size() * sizeof(uint32_t));
+        for (int64_t hl = 0; hl < heads_per_job; ++hl)
+          for (int64_t g = 0; g < group; ++g) {
+            const uint32_t* pairs = reinterpret_cast<const uint32_t*>(q + (seq * hq + (h_first + hl) * group + g) * dim);
+            for (int64_t c = 0; c < dim / 32; ++c)
+              for (int r = 0; r < 16; ++r) q_tiles[((hl * kMaxDimVecs / 2 + c) * 16 + r) * 16 + g] = pairs[c * 16 + r];
+          }
       }
 #endif
       // pass 1: scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
+      StreamPrefetch first = prefetch_chunk(kc, 0, 1);
+      while (first.next < first.end) first.step();
       for (int64_t t0 = 0; t0 < len; t0 += 16) {
         const int64_t m = std::min<int64_t>(16, len - t0);
-        // the next 16 K rows, and this chunk's V rows for pass 3 (L2 holds them)
-        if (bs % 16 == 0) {  // a chunk lies in one block: one table lookup, rows a slot stride apart
-          if (t0 + 16 < len) {
-            const T* next = row_of(kc, t0 + 16);
-            for (int64_t i = 0, e = std::min<int64_t>(16, len - t0 - 16); i < e; ++i) prefetch(next + i * slot_stride);
-          }
-          const T* vrow = row_of(vc, t0);
-          for (int64_t i = 0; i < m; ++i) prefetch(vrow + i * slot_stride);
-        } else {
-          for (int64_t t = t0 + 16; t < std::min(t0 + 32, len); ++t) prefetch(row_of(kc, t));
-          for (int64_t t = t0; t < t0 + m; ++t) prefetch(row_of(vc, t));
-        }
+        StreamPrefetch pf = prefetch_chunk(kc, t0 + 16, heads_per_job * group * 16);
+        for (int64_t hl = 0; hl < heads_per_job; ++hl) {
+          const int64_t h = h_first + hl;
+          float* head_scores = &scores[hl * group * padded];
 #if defined(VLITE_HAVE_AMX)
-        if (use_amx) {
-          // the chunk's 16 slots of the block (rows past len are the block's unused slots: read,
-          // then masked); score_tile[i][g] = k_i . q_g over the dims, 32 at a time
-          const char* first = reinterpret_cast<const char*>(row_of(kc, t0));
-          _tile_zero(0);
-          for (int64_t c = 0; c < dim / 32; ++c) {
-            _tile_loadd(4, first + 64 * c, slot_stride * sizeof(T));
-            _tile_loadd(6, q_tiles[c], 64);
-            _tile_dpbf16ps(0, 4, 6);
-          }
-          _tile_stored(0, score_tile, 64);
-          const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
-          for (int64_t g = 0; g < group; ++g) {
-            v16 sums = (v16)_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32(g)), &score_tile[0][0], 4) * scale;
-            for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
-            store16(&scores[g * padded + t0], sums);
-          }
-          continue;
-        }
-#endif
-#if defined(__AVX512BF16__)
-        if constexpr (std::is_same_v<T, at::BFloat16>) {
-          if (dim % 32 == 0) {  // bf16 rows straight into VDPBF16PS: exact products, float32 sums
-            chunk_ptrs(kc, t0, m);
+          if (use_amx) {
+            // the chunk's 16 slots of the block (rows past len are the block's unused slots: read,
+            // then masked); score_tile[i][g] = k_i . q_g over the dims, 32 at a time
+            const char* first = reinterpret_cast<const char*>(slot_of(kc, t0) + h * dim);
+            _tile_zero(0);
+            for (int64_t c = 0; c < dim / 32; ++c) {
+              _tile_loadd(4, first + 64 * c, slot_stride * sizeof(T));
+              _tile_loadd(6, &q_tiles[(hl * kMaxDimVecs / 2 + c) * 256], 64);
+              _tile_dpbf16ps(0, 4, 6);
+            }
+            _tile_stored(0, score_tile, 64);
+            const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
             for (int64_t g = 0; g < group; ++g) {
-              const at::BFloat16* qrow = q + (seq * hq + h * group + g) * dim;
-              v16 acc[16];
-              if constexpr (kDV == 4 || kDV == 8) {  // the q row in registers, the row loop unrolled
-                constexpr int kPairs = kDV / 2;  // 32 bf16 values per VDPBF16PS
-                __m512bh qp[kPairs];
-                for (int j = 0; j < kPairs; ++j) qp[j] = (__m512bh)_mm512_loadu_si512(qrow + 32 * j);
-                for (int i = 0; i < 16; ++i) {
-                  __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qp[0], (__m512bh)_mm512_loadu_si512(src[i]));
-                  for (int j = 1; j < kPairs; ++j)
-                    a = _mm512_dpbf16_ps(a, qp[j], (__m512bh)_mm512_loadu_si512(src[i] + 32 * j));
-                  acc[i] = (v16)a;
-                }
-              } else {
-                for (int i = 0; i < 16; ++i) {
-                  __m512 a = _mm512_setzero_ps();
-                  for (int64_t j = 0; j < dim; j += 32)
-                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qrow + j), (__m512bh)_mm512_loadu_si512(src[i] + j));
-                  acc[i] = (v16)a;
-                }
-              }
-              v16 sums = hsum16x16(acc) * scale;
-              for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
-              store16(&scores[g * padded + t0], sums);
+              for (int r = 0; r < 16; ++r) pf.step();
+              v16 sums = (v16)_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32(g)), &score_tile[0][0], 4) * scale;
+              for (int64_t r = m; r < 16; ++r) sums[r] = -INFINITY;
+              store16(&head_scores[g * padded + t0], sums);
             }
             continue;
           }
-        }
 #endif
-        chunk_rows(kc, t0, m);
-        for (int64_t g = 0; g < group; ++g) {
-          v16 acc[16];
-          for (int i = 0; i < 16; ++i) {
-            v16 a = qv[g][0] * load16(rows[i]);
-            for (int64_t j = 1; j < dv; ++j) a += qv[g][j] * load16(rows[i] + j * 16);
-            acc[i] = a;
+#if defined(__AVX512BF16__)
+          if constexpr (std::is_same_v<T, at::BFloat16>) {
+            if (dim % 32 == 0) {  // bf16 rows straight into VDPBF16PS: exact products, float32 sums
+              chunk_ptrs(kc, h, t0, m);
+              for (int64_t g = 0; g < group; ++g) {
+                const at::BFloat16* qrow = q + (seq * hq + h * group + g) * dim;
+                v16 acc[16];
+                if constexpr (kDV == 4 || kDV == 8) {  // the q row in registers, the row loop unrolled
+                  constexpr int kPairs = kDV / 2;  // 32 bf16 values per VDPBF16PS
+                  __m512bh qp[kPairs];
+                  for (int j = 0; j < kPairs; ++j) qp[j] = (__m512bh)_mm512_loadu_si512(qrow + 32 * j);
+                  for (int r = 0; r < 16; ++r) {
+                    pf.step();
+                    __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qp[0], (__m512bh)_mm512_loadu_si512(src[r]));
+                    for (int j = 1; j < kPairs; ++j)
+                      a = _mm512_dpbf16_ps(a, qp[j], (__m512bh)_mm512_loadu_si512(src[r] + 32 * j));
+                    acc[r] = (v16)a;
+                  }
+                } else {
+                  for (int r = 0; r < 16; ++r) {
+                    pf.step();
+                    __m512 a = _mm512_setzero_ps();
+                    for (int64_t j = 0; j < dim; j += 32)
+                      a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qrow + j), (__m512bh)_mm512_loadu_si512(src[r] + j));
+                    acc[r] = (v16)a;
+                  }
+                }
+                v16 sums = hsum16x16(acc) * scale;
+                for (int64_t r = m; r < 16; ++r) sums[r] = -INFINITY;
+                store16(&head_scores[g * padded + t0], sums);
+              }
+              continue;
+            }
           }
-          v16 sums = hsum16x16(acc);
-          for (int64_t i = m; i < 16; ++i) sums[i] = -INFINITY;
-          store16(&scores[g * padded + t0], sums);
+#endif
+          chunk_rows(kc, h, t0, m);
+          for (int64_t g = 0; g < group; ++g) {
+            const T* qrow = q + (seq * hq + h * group + g) * dim;
+            v16 qv[kMaxDimVecs];
+            for (int64_t j = 0; j < dv; ++j) qv[j] = load16(qrow + j * 16) * scale;
+            v16 acc[16];
+            for (int r = 0; r < 16; ++r) {
+              pf.step();
+              v16 a = qv[0] * load16(rows[r]);
+              for (int64_t j = 1; j < dv; ++j) a += qv[j] * load16(rows[r] + j * 16);
+              acc[r] = a;
+            }
+            v16 sums = hsum16x16(acc);
+            for (int64_t r = m; r < 16; ++r) sums[r] = -INFINITY;
+            store16(&head_scores[g * padded + t0], sums);
+          }
         }
       }
+      StreamPrefetch first_v = prefetch_chunk(vc, 0, 1);  // the first V rows, while the softmax runs
+      while (first_v.next < first_v.end) first_v.step();
       // pass 2: softmax numerators exp(s - max) in place (0 for the masked tail), and 1 / sum
-      float inv[kMaxGroup];
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = &scores[g * padded];
-        v16 m = splat(-INFINITY);
-        for (int64_t t = 0; t < padded; t += 16) { v16 x = load16(s + t); m = x > m ? x : m; }
-        float mx = m[0];
-        for (int l = 1; l < 16; ++l) mx = std::max(mx, m[l]);
+      for (int64_t hg = 0; hg < heads_per_job * group; ++hg) {
+        float* s = &scores[hg * padded];
+        v16 mv = splat(-INFINITY);
+        for (int64_t t = 0; t < padded; t += 16) { v16 x = load16(s + t); mv = x > mv ? x : mv; }
+        float mx = mv[0];
+        for (int l = 1; l < 16; ++l) mx = std::max(mx, mv[l]);
         v16 sum = {};
         for (int64_t t = 0; t < padded; t += 16) {
           v16 e = exp16_nonpositive(load16(s + t) - mx);
@@ -240,41 +265,52 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
           store16(s + t, e);
           sum += e;
         }
-        inv[g] = 1.0f / hsum(sum);
+        inv[hg] = 1.0f / hsum(sum);
       }
       // pass 3: the weighted sum of V, 16 rows at a time (in L1) for each query head in turn
-      v16 acc[kMaxGroup][kMaxDimVecs];
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t j = 0; j < dv; ++j) acc[g][j] = splat(0.f);
+      for (auto& v : acc_store) v = splat(0.f);
       for (int64_t t0 = 0; t0 < len; t0 += 16) {
         const int64_t m = std::min<int64_t>(16, len - t0);
-        if constexpr (kDV == 4 || kDV == 8) {
-          if (group <= 4) {
-            chunk_ptrs(vc, t0, m);
-            const float* p = &scores[t0];
-            switch (group) {
-              case 1: weighted_v_rows<T, kDV, 1>(src, m, p, padded, acc); break;
-              case 2: weighted_v_rows<T, kDV, 2>(src, m, p, padded, acc); break;
-              case 3: weighted_v_rows<T, kDV, 3>(src, m, p, padded, acc); break;
-              default: weighted_v_rows<T, kDV, 4>(src, m, p, padded, acc); break;
+        const bool rows_once = (kDV == 4 || kDV == 8) && group <= 4;  // weighted_v_rows: a step per row
+        StreamPrefetch pf = prefetch_chunk(vc, t0 + 16, heads_per_job * (rows_once ? 1 : group) * 16);
+        for (int64_t hl = 0; hl < heads_per_job; ++hl) {
+          const int64_t h = h_first + hl;
+          v16 (*acc)[kMaxDimVecs] = reinterpret_cast<v16 (*)[kMaxDimVecs]>(&acc_store[hl * kMaxGroup * kMaxDimVecs]);
+          const float* head_p = &scores[hl * group * padded];
+          if constexpr (kDV == 4 || kDV == 8) {
+            if (group <= 4) {
+              chunk_ptrs(vc, h, t0, m);
+              const float* p = head_p + t0;
+              switch (group) {
+                case 1: weighted_v_rows<T, kDV, 1>(src, m, p, padded, acc, pf); break;
+                case 2: weighted_v_rows<T, kDV, 2>(src, m, p, padded, acc, pf); break;
+                case 3: weighted_v_rows<T, kDV, 3>(src, m, p, padded, acc, pf); break;
+                default: weighted_v_rows<T, kDV, 4>(src, m, p, padded, acc, pf); break;
+              }
+              continue;
             }
-            continue;
           }
-        }
-        chunk_rows(vc, t0, m);
-        for (int64_t g = 0; g < group; ++g) {
-          v16 a[kMaxDimVecs];
-          for (int64_t j = 0; j < dv; ++j) a[j] = acc[g][j];
-          const float* p = &scores[g * padded + t0];
-          for (int i = 0; i < 16; ++i) {
-            const v16 w = splat(p[i]);
-            for (int64_t j = 0; j < dv; ++j) a[j] += w * load16(rows[i] + j * 16);
+          chunk_rows(vc, h, t0, m);
+          for (int64_t g = 0; g < group; ++g) {
+            v16 a[kMaxDimVecs];
+            for (int64_t j = 0; j < dv; ++j) a[j] = acc[g][j];
+            const float* p = head_p + g * padded + t0;
+            for (int r = 0; r < 16; ++r) {
+              pf.step();
+              const v16 w = splat(p[r]);
+              for (int64_t j = 0; j < dv; ++j) a[j] += w * load16(rows[r] + j * 16);
+            }
+            for (int64_t j = 0; j < dv; ++j) acc[g][j] = a[j];
           }
-          for (int64_t j = 0; j < dv; ++j) acc[g][j] = a[j];
         }
       }
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t j = 0; j < dv; ++j) store16(out + (seq * hq + h * group + g) * dim + j * 16, acc[g][j] * inv[g]);
+      for (int64_t hl = 0; hl < heads_per_job; ++hl) {
+        const int64_t h = h_first + hl;
+        const v16* acc = &acc_store[hl * kMaxGroup * kMaxDimVecs];
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t j = 0; j < dv; ++j)
+            store16(out + (seq * hq + h * group + g) * dim + j * 16, acc[g * kMaxDimVecs + j] * inv[hl * group + g]);
+      }
     }
 #if defined(VLITE_HAVE_AMX)
     if (use_amx) _tile_release();
