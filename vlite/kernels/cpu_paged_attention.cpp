@@ -9,8 +9,9 @@
 //
 // Algorithm: PagedAttention's decode (Kwon et al. 2023, vLLM's csrc/cpu/attention.cpp) with a
 // two-pass softmax per (sequence, KV head): scores q.k for every cached token, max, exp and
-// sum, then the probability-weighted sum of V. One task per (sequence, KV head), handed out
-// longest first to torch's OpenMP threads. Vectors are GCC vector extensions (16 floats),
+// sum, then the probability-weighted sum of V. One job per sequence (all its KV heads, chunk by
+// chunk) or, with few sequences, per (sequence, KV head), handed out longest first to torch's
+// OpenMP threads. Vectors are GCC vector extensions (16 floats),
 // so the compiler emits AVX-512 (or pairs of AVX2 registers) for the machine it builds on.
 // bfloat16 scores on CPUs with AMX (block_size a multiple of 16, head_dim of 32): 16 tokens' K
 // rows are one AMX A tile (rows a slot stride apart, straight from the block), the KV head's query
@@ -112,7 +113,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       // of the job before the next chunk, and ask for the next chunk's rows ahead: blocks are
       // scattered, so the hardware prefetcher restarts at each one (measured: reading scattered
       // 12 KB runs one head's rows at a time 5.7 GB/s, whole runs 7.8, whole runs with the next
-      // asked for ahead 12.9, on the Zen 4 machine of 2026-12-02; docs/kernels.md).
+      // asked for ahead 12.9, on the Zen 4 machine of 2026-12-02: benchmarks/scattered_read.c).
       const int64_t job_bytes = heads_per_job * dim * static_cast<int64_t>(sizeof(T));
       // The next chunk's rows for the job's heads (none past len), asked for over `steps` steps of
       // the work on this one: with whole slots, one contiguous run spread over the steps; else
@@ -166,8 +167,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       }
 #endif
       // pass 1: scores q.k, 16 tokens at a time so their 16 horizontal sums are one transpose-add
-      StreamPrefetch first = prefetch_chunk(kc, 0, 1);
-      while (first.next < first.end) first.step();
+      prefetch_chunk(kc, 0, 1).drain();
       for (int64_t t0 = 0; t0 < len; t0 += 16) {
         const int64_t m = std::min<int64_t>(16, len - t0);
         StreamPrefetch pf = prefetch_chunk(kc, t0 + 16, heads_per_job * group * 16);
@@ -249,8 +249,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
           }
         }
       }
-      StreamPrefetch first_v = prefetch_chunk(vc, 0, 1);  // the first V rows, while the softmax runs
-      while (first_v.next < first_v.end) first_v.step();
+      prefetch_chunk(vc, 0, 1).drain();  // the first V rows, while the softmax runs
       // pass 2: softmax numerators exp(s - max) in place (0 for the masked tail), and 1 / sum
       for (int64_t hg = 0; hg < heads_per_job * group; ++hg) {
         float* s = &scores[hg * padded];

@@ -31,6 +31,10 @@ struct StreamPrefetch {
     countdown = every;
     for (int64_t i = 0; i < per_step && next < end; ++i, next += 64) _mm_prefetch(next, _MM_HINT_T1);
   }
+  // What is left of the stretch, at once (the first stretch of a pass has no work before it).
+  inline void drain() {
+    for (; next < end; next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
 };
 
 }  // namespace vlite_cpu
