@@ -232,6 +232,7 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
     assert t.n == 5 and t.baseline == 200_000_200 and not t.rising  # the warm-up jump is not a trend
     flat = _trend_line(t)
     assert flat.endswith("[informational: the verdict rests on blocks]") and "rising" not in flat
+    assert "baseline 190.7 MiB -> last 190.7 MiB" in flat and "KiB/request" in flat  # not raw byte counts
     growing = [IdlePoint(0, 10 * i, 0, 10 * i * 4 * RSS_THRESHOLD_BYTES_PER_REQUEST) for i in range(6)]
     t = rss_trend(growing)
     assert t.rising

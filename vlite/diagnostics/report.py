@@ -27,8 +27,13 @@ def _trend_line(t) -> str:
     else:  # said whether it rises or not: a flat RSS does not clear a run any more than a rising one fails it
         tag = ("  [rising; informational: allocator warm-up and caches also grow RSS, the verdict rests on blocks]"
                if t.rising else "  [informational: the verdict rests on blocks]")
-    return (f"{t.metric} troughs: slope {t.slope:.4g} {unit}/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g}), "
-            f"R^2 {t.r2:.2f}, {t.n} idle points, baseline {t.baseline:.6g} -> last {t.last:.6g}" + tag)
+    if unit == "blocks":
+        slope = f"{t.slope:.4g} blocks/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g})"
+        levels = f"baseline {t.baseline:.6g} -> last {t.last:.6g}"
+    else:  # bytes read as KiB per request and MiB levels
+        slope = f"{t.slope / 1024:.4g} KiB/request (95% CI {t.ci95[0] / 1024:.4g} .. {t.ci95[1] / 1024:.4g})"
+        levels = f"baseline {t.baseline / 2**20:.1f} MiB -> last {t.last / 2**20:.1f} MiB"
+    return f"{t.metric} troughs: slope {slope}, R^2 {t.r2:.2f}, {t.n} idle points, {levels}" + tag
 
 
 def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
