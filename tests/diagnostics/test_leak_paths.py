@@ -233,6 +233,11 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
     flat = _trend_line(t)
     assert flat.endswith("[informational: the verdict rests on blocks]") and "rising" not in flat
     assert "baseline 190.7 MiB -> last 190.7 MiB" in flat and "KiB/request" in flat  # not raw byte counts
+    assert flat.startswith("process RSS (rss_bytes) at idle troughs") and "R^2" in flat
+    from vlite.diagnostics.detect import trough_trend
+
+    no_blocks = _trend_line(trough_trend([IdlePoint(0, 10 * i, 0, 0) for i in range(5)]))
+    assert "flat at every idle point" in no_blocks and "R^2" not in no_blocks  # no variance: no fit claimed
     growing = [IdlePoint(0, 10 * i, 0, 10 * i * 4 * RSS_THRESHOLD_BYTES_PER_REQUEST) for i in range(6)]
     t = rss_trend(growing)
     assert t.rising

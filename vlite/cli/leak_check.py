@@ -214,17 +214,19 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
 
 
 def _finish(run, console: Console, report: Path | None) -> None:
-    from vlite.diagnostics.report import print_report, write_report
+    from vlite.diagnostics.report import print_report, print_verdict, write_report
 
     print_report(run, console)
     console.print(f"{len(run.replay.requests)} requests in {run.info.get('replay_s')} s "
-                  f"(total {run.info.get('total_s')} s); {len(run.samples)} samples", highlight=False)
+                  f"({run.info.get('total_s')} s with engine start-up: model load, kernel build); "
+                  f"{len(run.samples)} samples", highlight=False)
     if report is not None:
         try:
             write_report(run, report)
         except OSError as exc:
             common.fail(f"cannot write the report to {report}: {exc}")
         console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv, *.png)", highlight=False)
+    print_verdict(run.findings, console, prefix="verdict: ")  # again, last, where a scrolled terminal shows it
 
 
 def _run_scenarios(name, console, report, engine_args: EngineArgs, interval_s, zombie_options=None) -> int:

@@ -91,9 +91,12 @@ def lines(cov: dict | None) -> list[str]:
     # finishes and aborts count sequences: an n > 1 or beam request that is aborted counts once
     # per live sequence, so these exceed the "aborted requests" of the zombie line
     out = [f"coverage: allocations by site: {sites}",
-           f"coverage: sequences finished: {finishes}; sequences aborted, by state: {aborts}",
+           f"coverage: sequences finished: {finishes}; sequences aborted, by state: {aborts} "
+           "(sequences, not requests: an n > 1 or beam-search request has several)",
            f"coverage: {cov['preemptions']} preemptions, {cov.get('resumptions', 0)} resumptions, "
            f"{cov['prefix_hit_tokens']} prefix-hit tokens, {cov['forks']} forks, {cov['copy_on_write']} "
            f"copy-on-write copies, {cov['beam_prunes']} beam prunes"]
     out += [f"not exercised: {p}" for p in cov["not_exercised"]]
+    if not cov["not_exercised"]:
+        out.append(f"coverage: all {len(PATHS)} engine paths of the checklist exercised")
     return out

@@ -33,7 +33,10 @@ def _trend_line(t) -> str:
     else:  # bytes read as KiB per request and MiB levels
         slope = f"{t.slope / 1024:.4g} KiB/request (95% CI {t.ci95[0] / 1024:.4g} .. {t.ci95[1] / 1024:.4g})"
         levels = f"baseline {t.baseline / 2**20:.1f} MiB -> last {t.last / 2**20:.1f} MiB"
-    return f"{t.metric} troughs: slope {slope}, R^2 {t.r2:.2f}, {t.n} idle points, {levels}" + tag
+    name = "used blocks" if unit == "blocks" else "process RSS"
+    flat = t.slope == 0 and t.ci95[0] == t.ci95[1] == 0  # no variance: R^2 says nothing
+    fit = "flat at every idle point" if flat else f"R^2 {t.r2:.2f}"
+    return f"{name} ({t.metric}) at idle troughs: slope {slope}, {fit}, {t.n} idle points, {levels}" + tag
 
 
 def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
@@ -47,13 +50,19 @@ def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20)
     return table
 
 
+def print_verdict(findings, console: Console, prefix: str = "") -> None:
+    """The one-line verdict (LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
+    f = findings
+    color = "red" if f.leak else "yellow" if f.zombie or f.inconclusive else "green"
+    console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
+
+
 def print_report(run, console: Console | None = None) -> None:
     """Print the verdict line, leaked blocks by origin and by site, CPU-side state and trends."""
     console = console or Console()
     f = run.findings
     d = f.drain
-    color = "red" if f.leak else "yellow" if f.zombie or f.inconclusive else "green"
-    console.print(f"[bold {color}]{escape(f.summary())}[/]", highlight=False)
+    print_verdict(f, console)
     console.print(f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
                   f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})", highlight=False)
     if f.by_action:

@@ -82,6 +82,10 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
             "gauge_lag_s": gauge_lag_s, "zombies": zombies, "not_released": not_released, "requests": rows}
 
 
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
 def lines(z: dict | None) -> list[str]:
     """Console / report.md lines: the distribution and each zombie."""
     if not z:
@@ -89,10 +93,11 @@ def lines(z: dict | None) -> list[str]:
     d = z["distribution"]
     if not d["n"] and z.get("gauge_lag_s") is None:
         return ["zombie requests: no aborted request to measure"]
-    out = [f"client left -> blocks released, {d['n']} aborted requests: p50 {d['p50_s']} s, p90 {d['p90_s']} s, "
-           f"max {d['max_s']} s (max {d['max_steps']} steps); tokens generated after the client left: "
+    out = [f"client left -> blocks released, {d['n']} aborted requests: p50 {_ms(d['p50_s'])}, p90 {_ms(d['p90_s'])}, "
+           f"max {_ms(d['max_s'])} (max {d['max_steps']} engine steps); tokens generated after the client left: "
            f"{d['tokens_after_leaving_total']} in all, max {d['max_tokens_after_leaving']} per request "
-           f"(ZOMBIE beyond {z['threshold_steps']} steps, or {z['threshold_s']} s where steps are unknown)"]
+           f"(a request is a ZOMBIE when its blocks outlive its client by more than {z['threshold_steps']} engine "
+           f"steps, or {z['threshold_s']} s where steps are unknown)"]
     if z.get("gauge_lag_s") is not None:
         out.append(f"running-request gauge read 0 {z['gauge_lag_s']:.3f} s after the last client left")
     for row in z["zombies"][:12]:
