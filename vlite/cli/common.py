@@ -103,6 +103,11 @@ def load_engine(config: EngineConfig):
         fail(str(exc))
 
 
+def seconds(value: float | None) -> str:
+    """A duration for the terminal: "12.3 s", or "n/a" where it was not measured."""
+    return "n/a" if value is None else f"{value:.1f} s"
+
+
 def fail(message: str, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, never folded
     sys.exit(code)

@@ -217,8 +217,9 @@ def _finish(run, console: Console, report: Path | None) -> None:
     from vlite.diagnostics.report import print_report, print_verdict, write_report
 
     print_report(run, console)
-    console.print(f"{len(run.replay.requests)} requests in {run.info.get('replay_s')} s "
-                  f"({run.info.get('total_s')} s with engine start-up: model load, kernel build); "
+    replay_s, total_s = run.info.get("replay_s"), run.info.get("total_s")
+    console.print(f"{len(run.replay.requests)} requests in {common.seconds(replay_s)} "
+                  f"({common.seconds(total_s)} with engine start-up: model load, kernel build); "
                   f"{len(run.samples)} samples", highlight=False)
     if report is not None:
         try:

@@ -64,7 +64,8 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
                        bisect_budget_s=bisect_budget, sample_interval_s=interval_s, server_pid=server_pid, url=url,
                        seed=seed, info=info)
     res.info["total_s"] = round(time.time() - t_start, 2)
-    console.print(f"{len(specs)} requests in {res.info.get('replay_s')} s (total {res.info['total_s']} s); "
+    console.print(f"{len(specs)} requests in {common.seconds(res.info.get('replay_s'))} "
+                  f"({common.seconds(res.info['total_s'])} in all); "
                   f"{len(res.samples)} samples", highlight=False)
     return _finish(res, console, report)
 

@@ -31,7 +31,7 @@ def _trend_line(t) -> str:
         slope = f"{t.slope:.4g} blocks/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g})"
         levels = f"baseline {t.baseline:.6g} -> last {t.last:.6g}"
     else:  # bytes read as KiB per request and MiB levels
-        slope = f"{t.slope / 1024:.4g} KiB/request (95% CI {t.ci95[0] / 1024:.4g} .. {t.ci95[1] / 1024:.4g})"
+        slope = f"{t.slope / 1024:.1f} KiB/request (95% CI {t.ci95[0] / 1024:.1f} .. {t.ci95[1] / 1024:.1f})"
         levels = f"baseline {t.baseline / 2**20:.1f} MiB -> last {t.last / 2**20:.1f} MiB"
     name = "used blocks" if unit == "blocks" else "process RSS"
     flat = t.slope == 0 and t.ci95[0] == t.ci95[1] == 0  # no variance: R^2 says nothing
