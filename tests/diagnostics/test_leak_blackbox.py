@@ -89,6 +89,7 @@ def test_blackbox_clean_server_with_api_key_and_cli_bad_key(clean_with_key, tmp_
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "CLEAN" in ok.stdout and "black-box" in ok.stdout
+    assert ok.stdout.strip().splitlines()[-1].startswith("verdict: CLEAN")  # the verdict again, last
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["verdict"] == "CLEAN" and rep["drain"]["residual"] == 0 and (tmp_path / "r" / "report.html").is_file()
 
@@ -157,6 +158,7 @@ def test_never_draining_server_is_inconclusive_not_clean(fake_server, tmp_path):
     res = _cli("--url", url, "--num-requests", "2", "--drain-timeout", "1", "--report", str(tmp_path / "r"))
     assert res.returncode == 3, res.stdout + res.stderr
     assert "INCONCLUSIVE" in res.stdout and "did not drain" in res.stdout and "CLEAN" not in res.stdout
+    assert res.stdout.strip().splitlines()[-1].startswith("verdict: INCONCLUSIVE")
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
     assert rep["verdict"] == "INCONCLUSIVE" and rep["server_kind"] == "vllm" and rep["run"]["block_size"] == 128
 

@@ -22,8 +22,7 @@ def test_clean_run_exits_0_and_writes_the_report(tiny_model_dir, tmp_path):
     assert res.exit_code == 0, res.output
     assert "CLEAN" in res.output and "no GPU" in res.output
     assert res.output.strip().splitlines()[-1].startswith("verdict: CLEAN")  # the verdict again, last
-    assert "(sequences, not requests" in res.output and ("engine paths of the checklist exercised" in res.output) == (
-        "not exercised:" not in res.output) and " ms, p90 " in res.output  # aborts' latency in ms
+    assert "(sequences, not requests" in res.output and " ms, p90 " in res.output  # aborts' latency in ms
     assert {p.name for p in out.iterdir()} >= {"report.json", "samples.csv", "report.md", "blocks.png",
                                                "memory.png", "leaks_by_action.png", "troughs.png"}
     rep = json.loads((out / "report.json").read_text())

@@ -290,3 +290,17 @@ def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_ga
     assert z["distribution"]["tokens_after_leaving_total"] == 4
     assert zombie_check([], {}, gauge_lag_s=2.5)["zombies"][0]["client_action"] == "(running-request gauge)"
     assert zombie_check([], {}, gauge_lag_s=0.2)["zombies"] == []
+
+
+def test_coverage_lines_say_all_paths_only_when_none_is_missing():
+    from vlite.diagnostics import coverage
+
+    every = {"allocation_sites": {"prefill": 1, "decode append": 1}, "prefix_hit_tokens": 1, "forks": 1,
+             "copy_on_write": 1, "preemptions": 1, "resumptions": 1, "beam_prunes": 1,
+             "finish_reasons": {"stop:eos": 1, "stop:stop_token": 1, "stop:stop_string": 1, "length": 1},
+             "abort_states": {"waiting": 1, "prefill": 1, "decode": 1, "resumed": 1}}
+    full = coverage.lines(coverage.section(every))
+    assert full[-1] == f"coverage: all {len(coverage.PATHS)} engine paths of the checklist exercised"
+    assert not any(line.startswith("not exercised:") for line in full)
+    partial = coverage.lines(coverage.section({**every, "forks": 0}))
+    assert "not exercised: fork" in partial and not any("engine paths of the checklist" in line for line in partial)

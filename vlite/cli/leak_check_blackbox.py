@@ -26,7 +26,7 @@ def connect_or_fail(url: str, server_kind: str, api_key: str | None):
 
 
 def _finish(res, console: Console, report: Path | None) -> int:
-    from vlite.diagnostics.blackbox_report import print_blackbox, write_blackbox_report
+    from vlite.diagnostics.blackbox_report import print_blackbox, print_blackbox_verdict, write_blackbox_report
 
     print_blackbox(res, console)
     if report is not None:
@@ -37,6 +37,7 @@ def _finish(res, console: Console, report: Path | None) -> int:
         extra = ", reproducer.jsonl" if res.reproducer else ""
         console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv{extra}, *.png)",
                       highlight=False)
+    print_blackbox_verdict(res, console, prefix="verdict: ")  # again, last, where a scrolled terminal shows it
     return res.exit_code
 
 

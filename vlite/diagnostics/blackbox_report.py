@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 
 from vlite.diagnostics.blackbox import BlackboxResult, action_text
 from vlite.diagnostics.report import REPORT_VERSION, _md_table, _trend_line
@@ -28,11 +29,16 @@ def _fmt_trend(t) -> str:
     return _trend_line(t).replace("num_used_blocks", "kv_used")
 
 
+def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
+    """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
+    color = {"CLEAN": "green", "LEAK": "red", "INCONCLUSIVE": "yellow"}[res.verdict]
+    console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
+
+
 def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
     """The verdict line, the residual, the fit and suspects, the trends and the notes."""
     console = console or Console()
-    color = {"CLEAN": "green", "LEAK": "red", "INCONCLUSIVE": "yellow"}[res.verdict]
-    console.print(f"[bold {color}]{res.summary}[/]", highlight=False)
+    print_blackbox_verdict(res, console)
     bs = f", block_size {res.block_size} tokens (read from the server)" if res.block_size else ""
     total = f" of {res.kv_total:g}" if res.kv_total else ""
     console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}; baseline {res.baseline} -> final "
