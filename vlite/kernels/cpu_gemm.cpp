@@ -50,7 +50,7 @@ inline void f32_block(const float* A, int64_t lda, const float* P, int64_t K, co
   __m512 c[MR][3];
   for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = c[i][2] = _mm512_setzero_ps();
   // One prefetch step per kPrefetchK values of k: with one per k the prefetcher's state took
-  // registers the 8 row pointers need, and GCC spilled a panel vector to the stack (-15%).
+  // registers the 8 row pointers need, and GCC spilled a panel vector to the stack (docs/kernels.md).
   for (int64_t k0 = 0; k0 < K; k0 += kPrefetchK) {
     pf.step();
     const int64_t k1 = std::min(K, k0 + kPrefetchK);
