@@ -14,13 +14,15 @@ Each sample is attributed to the innermost frame that lies in vlite's own code, 
 frame's source line decides the category (so a ``F.linear`` reached from ``LlamaForCausalLM``
 counts as a matmul and the ``index_select`` line in ``torch_ref`` as the attention gather).
 Samples before the timed generation starts (imports, model loading) are dropped by keeping
-only stacks that pass through ``LLMEngine.generate``.
+only stacks that pass through ``LLMEngine.generate``. ``run`` sets ``VLITE_CPU_LAYER_LOOP=python``:
+the C++ layer loop would put every layer's kernels behind one Python line.
 """
 
 from __future__ import annotations
 
 import argparse
 import linecache
+import os
 import re
 import sys
 from collections import Counter
@@ -80,6 +82,7 @@ def run(num_prompts: int, dtype: str) -> None:
     from vlite.engine.config import EngineConfig
     from vlite.engine.llm_engine import LLMEngine
 
+    os.environ["VLITE_CPU_LAYER_LOOP"] = "python"  # one Python line per kernel (module docstring)
     engine = LLMEngine(EngineConfig(dtype=dtype))
     reqs = random_requests(engine.tokenizer, num_prompts, (32, 256), (16, 256), seed=0)
     res = run_vlite(engine, reqs, show_progress=False)

@@ -101,6 +101,9 @@ def test_supports_only_what_the_kernel_takes():
 
 
 def test_engine_uses_the_kernel_and_matches_the_torch_path(kernel, tiny_checkpoint, monkeypatch):
+    # the Python loop over the layers calls the kernel through cpu_attention (counted here); the
+    # C++ layer loop calls the same kernel from C++ (tests/engine/test_cpu_layer_loop.py)
+    monkeypatch.setenv("VLITE_CPU_LAYER_LOOP", "python")
     calls = []
     real = cpu_attention.paged_decode
     monkeypatch.setattr(cpu_attention, "paged_decode", lambda *a: calls.append(a[0].shape[0]) or real(*a))

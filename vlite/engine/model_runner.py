@@ -30,6 +30,8 @@ from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
 from vlite.engine.cpu_malloc import tune_malloc
 from vlite.engine.faults import FaultSet
 from vlite.engine.loader import LoadedCheckpoint, WeightSource, checkpoint_files
+from vlite.engine.models.cpu_layer_loop import CpuLayerLoop
+from vlite.engine.models.cpu_layer_loop import default_choice as default_layer_loop
 from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.models.parallel_layers import TPGroup
@@ -194,8 +196,8 @@ class ModelRunner:
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND``, ``VLITE_FUSED_OPS``, ``VLITE_CPU_MALLOC`` or CPU GEMM
-            choice, before anything is loaded.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``, ``VLITE_FUSED_OPS``, ``VLITE_CPU_LAYER_LOOP``,
+            ``VLITE_CPU_MALLOC`` or CPU GEMM choice, before anything is loaded.
     """
 
     def __init__(self, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device, dtype: torch.dtype,
@@ -206,6 +208,7 @@ class ModelRunner:
         # every VLITE_* switch is checked before the weights load (seconds), not after
         default_attention_backend()
         default_fused_ops()
+        default_layer_loop()
         self.cpu_gemm = resolve_cpu_gemm_backend(cpu_gemm, dtype) if device.type == "cpu" else None
         self.device = device
         self.dtype = dtype
@@ -280,6 +283,8 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.model.num_layers)]
+        if self.device.type == "cpu":
+            self.model.cpu_layer_loop = CpuLayerLoop.build(self.model, self.kv_caches[0])
 
     def initialize_kv_cache(self, num_blocks: int, block_size: int, *, max_num_seqs: int,
                             enforce_eager: bool = False) -> None:

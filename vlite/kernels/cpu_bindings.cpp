@@ -12,5 +12,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight, py::call_guard<py::gil_scoped_release>(), "W [N, K] -> the packed layout packed_linear reads");
   m.def("packed_linear", &packed_linear, py::call_guard<py::gil_scoped_release>(), "y [M, N] = x [M, K] W^T (+ bias) on a packed W");
   m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(), "index of each row's first maximum (first NaN if any), as torch.argmax(-1)");
+  py::class_<CpuDecoderLayers>(m, "CpuDecoderLayers")
+      .def(py::init<int64_t, int64_t, int64_t, double, double, torch::Tensor>())
+      .def("add_layer", &CpuDecoderLayers::add_layer)
+      .def("forward", &CpuDecoderLayers::forward, py::call_guard<py::gil_scoped_release>(),
+           "every decoder layer and the final norm of one step; the hidden states [T, H]");
   m.def("rotary_store", &rotary_store, py::call_guard<py::gil_scoped_release>(), "rotary on q and k heads of qkv, k and v stored in the paged cache");
 }

@@ -1,7 +1,7 @@
 """vlite's C++ CPU extension, built on first use: the paged decode kernel
 (``cpu_paged_attention.cpp``), the fused elementwise ops (``cpu_fused_ops.cpp``) and the
-packed-weight GEMM of the linear layers (``cpu_gemm.cpp``) and greedy sampling's argmax
-(``cpu_sampling.cpp``).
+packed-weight GEMM of the linear layers (``cpu_gemm.cpp``), greedy sampling's argmax
+(``cpu_sampling.cpp``) and the loop over a model's decoder layers that calls them (``cpu_decoder.cpp``).
 
 torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
 (``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
@@ -26,7 +26,7 @@ logger = logging.getLogger("vlite.kernels")
 
 _DIR = Path(__file__).parent
 SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "cpu_fused_ops.cpp",
-           _DIR / "cpu_gemm.cpp", _DIR / "cpu_sampling.cpp"]
+           _DIR / "cpu_gemm.cpp", _DIR / "cpu_sampling.cpp", _DIR / "cpu_decoder.cpp"]
 HEADERS = [_DIR / "cpu_amx.h", _DIR / "cpu_ops.h", _DIR / "cpu_prefetch.h", _DIR / "cpu_vec.h"]
 _lock = threading.Lock()
 _state: dict = {}

@@ -26,3 +26,31 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, c10::optional
 
 // cpu_sampling.cpp
 torch::Tensor argmax_rows(torch::Tensor logits);
+
+// cpu_decoder.cpp: every decoder layer of a Llama-family model (one tensor-parallel rank of one,
+// weights packed by cpu_gemm) in one call, through the ops above
+class CpuDecoderLayers {
+ public:
+  CpuDecoderLayers(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale, double eps,
+                   torch::Tensor final_norm);
+  void add_layer(torch::Tensor input_norm, torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                 c10::optional<torch::Tensor> o_bias, torch::Tensor post_norm, torch::Tensor gate_up,
+                 torch::Tensor down, int64_t intermediate_size);
+  torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
+                        const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+                        torch::Tensor block_tables, torch::Tensor seq_lens);
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm, qkv;
+    c10::optional<torch::Tensor> qkv_bias;
+    torch::Tensor o;
+    c10::optional<torch::Tensor> o_bias;
+    torch::Tensor post_norm, gate_up, down;
+    int64_t intermediate_size;
+  };
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  double scale_, eps_;
+  torch::Tensor final_norm_;
+  std::vector<Layer> layers_;
+};

@@ -55,26 +55,22 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         K/V already are).
     """
     nd = meta.num_decodes
-    if decode_attention is None:
-        def decode(q):
-            return _decode_attention(q, k_cache, v_cache, meta, scale)
-    else:
-        def decode(q):
-            return decode_attention(q, k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
-    if nd == len(meta.query_lens):  # a decode-only step (most steps)
-        return decode(query)
-    rows = kernel_rows(meta) if decode_attention is not None else None
-    if rows is not None and rows.tokens is None:  # every row of the step
-        return decode_attention(query, k_cache, v_cache, rows.block_tables, rows.seq_lens, scale)
+    if decode_attention is not None:
+        every = kernel_rows_of_every_token(meta)
+        if every is not None:  # decode-only steps (most steps), and steps of short prefill chunks
+            return decode_attention(query, k_cache, v_cache, *every, scale)
+    elif nd == len(meta.query_lens):
+        return _decode_attention(query, k_cache, v_cache, meta, scale)
     out = torch.empty_like(query)
     chunks = range(nd, len(meta.query_lens))
-    if rows is not None:
+    if decode_attention is not None:
+        rows = kernel_rows(meta)
         if len(rows.tokens):
             out.index_copy_(0, rows.tokens, decode_attention(query.index_select(0, rows.tokens), k_cache, v_cache,
                                                              rows.block_tables, rows.seq_lens, scale))
         chunks = [i for i in chunks if meta.seq_lens_list[i] > KERNEL_PREFILL_MAX_CONTEXT]
     elif nd:
-        out[:nd] = decode(query[:nd])
+        out[:nd] = _decode_attention(query[:nd], k_cache, v_cache, meta, scale)
     starts = list(itertools.accumulate(meta.query_lens, initial=0))
     for i in chunks:
         s, e = starts[i], starts[i + 1]
@@ -101,6 +97,17 @@ class KernelRows:
     tokens: torch.Tensor | None
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
+
+
+def kernel_rows_of_every_token(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(block_tables [T, max_blocks], seq_lens [T]) of the decode kernel's rows when they are
+    every query token of the step in order (a decode-only step, or one whose prefill chunks all
+    have at most ``KERNEL_PREFILL_MAX_CONTEXT`` tokens of context), else None."""
+    nd = meta.num_decodes
+    if nd == len(meta.query_lens):
+        return meta.block_tables[:nd], meta.seq_lens[:nd]
+    rows = kernel_rows(meta)
+    return None if rows.tokens is not None else (rows.block_tables, rows.seq_lens)
 
 
 def kernel_rows(meta: AttentionMetadata) -> KernelRows:

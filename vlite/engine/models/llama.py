@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from vlite.engine.models.cpu_layer_loop import CpuLayerLoop
 from vlite.engine.models.linear import Linear
 from vlite.engine.models.parallel_layers import (
     ColumnParallelLinear,
@@ -167,6 +168,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError("rope_type 'dynamic' is not supported (its table depends on the batch's length)")
         self.max_model_len = max_model_len
         self.init_rope_tables()
+        # the decoder layers as one C++ call per step (cpu_layer_loop.py); the model runner sets
+        # it once the weights are packed and the KV cache exists, else every step runs the Python loop
+        self.cpu_layer_loop: CpuLayerLoop | None = None
 
     def init_rope_tables(self) -> None:
         """Register the cos/sin tables (``rope_tables``) as float32 buffers. Call again after
@@ -194,6 +198,10 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         cos = self.cos_table[positions].to(x.dtype)  # [T, D]
         sin = self.sin_table[positions].to(x.dtype)
+        if self.cpu_layer_loop is not None:
+            hidden = self.cpu_layer_loop.forward(x, cos, sin, kv_caches, meta)
+            if hidden is not None:
+                return hidden
         ops = ops_for(x, self.config.hidden_size, self.head_dim, self.layers[0].mlp.intermediate_size)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
