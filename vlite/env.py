@@ -1,6 +1,6 @@
 """Environment-variable switches (``VLITE_ATTENTION_BACKEND``, ``VLITE_FUSED_OPS``,
-``VLITE_CPU_LAYER_LOOP``, ``VLITE_CPU_MALLOC``): read and checked in one place, so a bad value fails at engine start with
-one line that names the allowed ones."""
+``VLITE_CPU_LAYER_LOOP``, ``VLITE_CPU_MALLOC``): read and checked in one place, so a bad value
+fails at engine start with one line that names the allowed ones."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 // The same kernels the Python path calls (cpu_fused_ops.cpp, cpu_gemm.cpp, cpu_paged_attention.cpp),
 // with the same arguments in the same order, so the hidden states are bit for bit the Python
 // path's; what this removes is the Python between them: module calls, argument checks and
-// dispatch, about 0.1 ms per layer (a 64-row decode step of SmolLM2 on two cores spent 3-5% of
-// its time there, docs/benchmarks.md). It runs only steps whose every query token the decode
+// dispatch, about 0.1 ms per layer while the other OpenMP thread waits (a SmolLM2 decode step on
+// two cores takes 6-14% less time without it, docs/kernels.md). It runs only steps whose every query token the decode
 // kernel attends (decode steps, and prefill chunks of short context): a longer prefill chunk
 // needs SDPA, and the Python path takes that step.
 #include "cpu_ops.h"

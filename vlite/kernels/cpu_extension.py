@@ -46,7 +46,8 @@ def _cpu_tag() -> str:
 def load():
     """The compiled module (``paged_decode``, ``rms_norm``, ``fused_add_rms_norm``,
     ``silu_and_mul``, ``rotary_store``, ``packed_gemm_supported``, ``pack_linear_weight``,
-    ``packed_linear``, ``argmax_rows``), or None when it cannot be built here."""
+    ``packed_linear``, ``argmax_rows``, the class ``CpuDecoderLayers``), or None when it cannot
+    be built here."""
     with _lock:
         if "module" not in _state:
             _state["module"] = _build()

@@ -1,8 +1,9 @@
 """A step's decoder layers in one C++ call on CPU (``vlite/kernels/cpu_decoder.cpp``).
 
 The Python loop over the layers (``LlamaForCausalLM.forward``) calls nine C++ kernels per layer;
-between them go module calls, dispatch and argument checks, about 0.1 ms per layer, 3-5% of a
-64-row float32 decode step of SmolLM2 on two cores (docs/benchmarks.md). ``CpuLayerLoop`` hands
+between them go module calls, dispatch and argument checks, about 0.1 ms per layer, while the
+other OpenMP thread waits. Without them a SmolLM2 decode step on two cores takes 6-14% less time
+(``benchmarks/layer_loop.py``; docs/kernels.md, "The decoder layers in one C++ call"). ``CpuLayerLoop`` hands
 the whole loop to C++, which calls the same kernels with the same arguments in the same order:
 its hidden states equal the Python loop's bit for bit (tests/engine/test_cpu_layer_loop.py). It
 also releases the GIL for the whole forward, not once per kernel.
@@ -57,16 +58,16 @@ class CpuLayerLoop:
         """The loop for ``model`` whose first layer's cache is ``kv_cache``, or None where it
         does not apply (see the module docstring)."""
         first = model.layers[0].self_attn
-        weights = model.norm.weight
-        if (default_choice() != "auto" or model.tp.size != 1 or weights.device.type != "cpu"
-                or weights.dtype not in (torch.float32, torch.bfloat16)
+        final_norm = model.norm.weight
+        if (default_choice() != "auto" or model.tp.size != 1 or final_norm.device.type != "cpu"
+                or final_norm.dtype not in (torch.float32, torch.bfloat16)
                 or attention.default_backend() != "auto" or fused_ops.default_choice() != "auto"):
             return None
         linears = [m for layer in model.layers
                    for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         if any(m.packed_by != "vlite" for m in linears):
             return None
-        probe = torch.empty(0, first.num_heads, first.head_dim, dtype=weights.dtype)
+        probe = torch.empty(0, first.num_heads, first.head_dim, dtype=final_norm.dtype)  # a step's query
         if (not fused_ops.cpp_takes(probe, model.config.hidden_size, first.head_dim, model.layers[0].mlp.intermediate_size)
                 or not cpu_attention.supports(probe, kv_cache[0])):
             return None
@@ -78,7 +79,7 @@ class CpuLayerLoop:
         if len(eps) != 1:
             return None
         layers = module.CpuDecoderLayers(first.num_heads, first.num_kv_heads, first.head_dim, first.scale,
-                                         eps.pop(), weights)
+                                         eps.pop(), final_norm)
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             layers.add_layer(layer.input_layernorm.weight, attn.qkv_proj.packed_weight, attn.qkv_proj.bias,
