@@ -5,8 +5,9 @@ the functions a step calls (the GEMMs by row count, the attention kernel, the fu
 lm_head, sampling, the step's packing) with ``time.perf_counter`` and prints the seconds each
 took over one W1 run. It runs the layers in the Python loop (``VLITE_CPU_LAYER_LOOP=python``):
 the C++ layer loop calls the kernels from C++, where these timers cannot see them, and saves
-the Python between them (about 0.1 ms a layer), which this breakdown then shows as "the rest". The wrappers cost about 1 us per call (about 0.1 s over W1). Parts nest:
-"model forward" holds the layers, a layer holds its GEMMs, attention and fused ops.
+the Python between them (about 0.1 ms a layer), which here is "model forward" less its parts.
+The wrappers cost about 1 us per call (about 0.1 s over W1). Parts nest: "model forward" holds
+the layers, a layer holds its GEMMs, attention and fused ops.
 
     .venv/bin/python benchmarks/w1_breakdown.py [--dtype float32] [--json out.json]
 """
