@@ -78,7 +78,12 @@ def main() -> None:
     ap.add_argument("dir", type=Path)
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     args = ap.parse_args()
+    if not args.dir.is_dir():
+        raise SystemExit(f"vs_vllm_table: {args.dir} is not a directory (give a benchmarks/results/vs_vllm-<stamp> folder)")
     table = rows(args.dir)
+    if not table:
+        raise SystemExit(f"vs_vllm_table: no result pairs in {args.dir} (expected w1_vlite_*.json with "
+                         "w1_vllm_*.json, serve_*.json or sat_*.json from benchmarks/vs_vllm.sh)")
     print("| work | vlite | vLLM | vlite / vLLM | |\n|---|---:|---:|---:|---|")
     for work, a, b, ratio, better in table:
         print(f"| {work} | {_number(a)} | {_number(b)} | {ratio} | {better} |")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,10 @@ def test_saturating_rows_use_the_rate_where_vllm_stopped_growing(table_module, t
     rows = {work: (a, b, ratio) for work, a, b, ratio, _ in table_module.rows(tmp_path)}
     assert rows["saturating (16 req/s): output tok/s"] == (380.0, 141.0, f"{380 / 141:.2f}x")
     assert rows["saturating (16 req/s): P99 TTFT (ms)"] == (250.0, 1000.0, "0.25x")
+
+
+def test_a_missing_or_empty_folder_is_an_error_not_an_empty_table(tmp_path):
+    for folder in (tmp_path / "nonexistent", tmp_path):
+        run = subprocess.run([sys.executable, str(_SCRIPT), str(folder)], capture_output=True, text=True)
+        assert run.returncode != 0
+        assert str(folder) in run.stderr and "| work |" not in run.stdout
