@@ -5,7 +5,9 @@
 Reads, where present: ``w1_{vlite,vllm}_{float32,bfloat16}.json`` (``output_tokens_per_second``),
 ``serve_{vlite,vllm}.json`` and ``sat_{vlite,vllm}_<rate>.json`` (vLLM ``bench serve --save-result``
 files: ``mean_ttft_ms``, ``mean_tpot_ms``, ``median_itl_ms``, ``p99_ttft_ms``, ``output_throughput``).
-Missing files (a subset run, ``--only``) leave their rows out. The saturating rate is the first
+With both W1 dtypes present it adds each engine's bfloat16 over its own float32 (issue 13 asks
+vlite for 1.6x). Missing files (a subset run, ``--only``) leave their rows out; a folder with no
+pairs at all, or no folder, is an error (exit 1). The saturating rate is the first
 swept rate at which vLLM's output throughput grows by less than 5% over the previous rate (the
 highest rate if it never stops growing).
 """
