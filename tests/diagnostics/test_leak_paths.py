@@ -192,7 +192,7 @@ def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpo
     assert "did not bring the count to 0" in u["evidence"] and "unattributed blocks" in f.summary()
     assert f.unattributed_blocks == 1
     # the same description from the JSON a served engine sends
-    snap = snapshot.from_debug_blocks(__import__("vlite.entrypoints.debug", fromlist=["x"]).blocks_snapshot(engine))
+    snap = snapshot.from_debug_blocks(__import__("vlite.engine", fromlist=["x"]).blocks_document(engine))
     assert detect(snap, run.replay.requests, run.replay.idle_points).unattributed[0]["block_id"] == u["block_id"]
 
 

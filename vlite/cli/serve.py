@@ -98,7 +98,7 @@ def serve(
         exit_code = 1
         server.should_exit = True
 
-    if frontend_multiprocessing:  # the engine core in its own process (vlite.engine.engine_core)
+    if frontend_multiprocessing:  # the engine core in its own process (vlite.engine.serving.engine_core)
         app = create_app(settings, None, on_fatal=on_fatal, core_config=config)
     else:
         app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)

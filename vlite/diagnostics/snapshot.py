@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 
-from vlite.engine import EngineView
+from vlite.engine import EngineView, view_dict
 
 
 @dataclass
@@ -79,27 +79,6 @@ def from_view(view: EngineView) -> Snapshot:
     snap = Snapshot(s.num_total_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks, s.num_running,
                     s.num_waiting, ledger, anomalies, live, view.block_tables(), view.ref_counts(), owners)
     return with_view(snap, view)
-
-
-def view_dict(view) -> dict:
-    """The EngineView's part of a snapshot as plain JSON-able data (also sent by /debug/blocks)."""
-    snap = view.snapshot()
-    return {"registries": dict(snap.registries),
-            "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
-            "coverage": snap.coverage.to_dict(),
-            "released": [release_dict(r) for r in view.released()],
-            "blocks_not_free": view.blocks_not_free(),
-            "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
-
-
-def release_dict(r) -> dict:
-    """One ReleaseRecord as plain data (the allocation entry's site and step flattened)."""
-    e = r.entry
-    return {"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id,
-            "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
-            "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
-            "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
-            "time": r.time}
 
 
 def with_view(snap: Snapshot, view) -> Snapshot:

@@ -41,27 +41,45 @@ from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
 from vlite.engine.structured_output_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
-    from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
-    from vlite.engine.core_client import EngineCoreStartError, MPAsyncLLMEngine
-    from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
+    from vlite.engine.introspection import (
+        ASYNC_REGISTRIES,
+        HISTORIES,
+        REGISTRIES,
+        EngineInfo,
+        EngineView,
+        blocks_document,
+        view_dict,
+    )
     from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config
+    from vlite.engine.serving import (
+        AsyncEngineClient,
+        AsyncLLMEngine,
+        EngineCoreStartError,
+        EngineNotRunningError,
+        EngineRequest,
+        MPAsyncLLMEngine,
+        RequestStreamGroup,
+    )
 
 # Public name -> the module that defines it, imported on first access (these load torch).
 _LAZY = {
     "LLMEngine": "vlite.engine.llm_engine",
     "RequestRejectedError": "vlite.engine.llm_engine",
     "check_engine_config": "vlite.engine.llm_engine",
-    "AsyncLLMEngine": "vlite.engine.async_engine",
-    "EngineNotRunningError": "vlite.engine.async_engine",
-    "EngineRequest": "vlite.engine.async_engine",
-    "RequestStreamGroup": "vlite.engine.async_engine",
-    "MPAsyncLLMEngine": "vlite.engine.core_client",
-    "EngineCoreStartError": "vlite.engine.core_client",
+    "AsyncEngineClient": "vlite.engine.serving",
+    "AsyncLLMEngine": "vlite.engine.serving",
+    "EngineNotRunningError": "vlite.engine.serving",
+    "EngineRequest": "vlite.engine.serving",
+    "RequestStreamGroup": "vlite.engine.serving",
+    "MPAsyncLLMEngine": "vlite.engine.serving",
+    "EngineCoreStartError": "vlite.engine.serving",
     "EngineView": "vlite.engine.introspection",
     "EngineInfo": "vlite.engine.introspection",
     "REGISTRIES": "vlite.engine.introspection",
     "ASYNC_REGISTRIES": "vlite.engine.introspection",
     "HISTORIES": "vlite.engine.introspection",
+    "blocks_document": "vlite.engine.introspection",
+    "view_dict": "vlite.engine.introspection",
 }
 
 
@@ -81,6 +99,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ASYNC_REGISTRIES",
+    "AsyncEngineClient",
     "AsyncLLMEngine",
     "BlockStats",
     "CacheConfig",
@@ -124,6 +143,8 @@ __all__ = [
     "SequenceStatus",
     "check_engine_config",
     "StructuredOutputsParams",
+    "blocks_document",
+    "view_dict",
     "load_checkpoint",
     "resolve_model",
 ]

@@ -34,9 +34,10 @@ references), and ``prefix_cache.index`` (one entry per cached block: at idle it 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
 from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
@@ -176,11 +177,11 @@ class EngineInfo:
 
 
 class EngineView:
-    """Read-only view of an ``LLMEngine`` (and optionally the ``AsyncLLMEngine`` serving it)."""
+    """Read-only view of an ``LLMEngine`` (and optionally the ``EngineLoop`` serving it)."""
 
-    def __init__(self, engine, async_engine=None) -> None:
+    def __init__(self, engine, loop=None) -> None:
         self._engine = engine
-        self._async = async_engine
+        self._loop = loop  # the EngineLoop serving it (vlite.engine.serving), if any: its ``num_live``
 
     def info(self) -> EngineInfo:
         """The engine's fixed facts (they do not change after start)."""
@@ -203,8 +204,8 @@ class EngineView:
                  "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
                  "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger),
                  "structured_output.matchers": len(sched.structured_output.matchers)}
-        if self._async is not None:
-            sizes["async.live"] = len(self._async._live)
+        if self._loop is not None:
+            sizes["async.live"] = self._loop.num_live
         return sizes
 
     def histories(self) -> dict[str, HistorySize]:
@@ -369,3 +370,92 @@ class EngineView:
                 "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_preemptions": seq.num_preemptions,
                 "num_blocks": len(self._engine.scheduler.block_manager.get_block_table(seq.seq_id))}
+
+
+# ---- the /debug/blocks document (written here once; diagnostics and the server read it) ------------
+def _origin(origin: RequestOrigin | None) -> dict | None:
+    return dataclasses.asdict(origin) if origin is not None else None
+
+
+def release_dict(r: ReleaseRecord) -> dict:
+    """One ReleaseRecord as plain data (the allocation entry's site and step flattened)."""
+    e = r.entry
+    return {"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id,
+            "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
+            "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
+            "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
+            "time": r.time}
+
+
+def view_dict(view: EngineView) -> dict:
+    """The EngineView's part of the /debug/blocks document as plain JSON-able data (its ``view`` key)."""
+    snap = view.snapshot()
+    return {"registries": dict(snap.registries),
+            "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
+            "coverage": snap.coverage.to_dict(),
+            "released": [release_dict(r) for r in view.released()],
+            "blocks_not_free": view.blocks_not_free(),
+            "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
+
+
+def blocks_document(engine, loop=None) -> dict:
+    """The ``GET /debug/blocks`` document: the block manager's state as JSON-able data.
+
+    Call it between two steps (on the engine loop's thread for a served engine): it reads the
+    engine only through its read-only methods, so the picture is consistent. ``loop`` is the
+    ``EngineLoop`` serving the engine (its requests in flight appear as ``async.live``). Shape::
+
+        {"num_total_blocks", "num_free_blocks", "num_used_blocks", "num_cached_blocks", "kv_cache_usage",
+         "num_running", "num_waiting",
+         "sequences": [{"seq_id", "request_id", "index", "status", "block_table", "origin"}],
+         "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
+                     "finish_reason"}],
+         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
+         "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
+                                                      a block shared by n sequences n, a double free < 0)
+         "live_state": {...LLMEngine.live_state()},
+         "view": {"registries", "histories", "coverage", "released", "blocks_not_free", "request_history"}}
+
+    ``sequences`` lists every live sequence, including each sample of an n > 1 request and each
+    beam (waiting ones with an empty block table), and then every block table whose owner is no
+    longer live (an orphan, a leak: its seq_id is in ``live_state["orphan_block_tables"]``).
+    ``origin`` is ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
+    """
+    view = EngineView(engine, loop)
+    stats = view.stats()
+    tables = view.block_tables()
+    live = view.live_state()
+    sequences = []
+    listed: set[int] = set()
+    for seq in view.sequences_view():
+        sequences.append({"seq_id": seq["seq_id"], "request_id": seq["request_id"], "index": seq["index"],
+                          "status": seq["status"], "block_table": seq["block_table"],
+                          "origin": _origin(seq["origin"])})
+        listed.add(seq["seq_id"])
+    for seq_id, table in tables.items():
+        if seq_id in listed:
+            continue
+        record = view.request_record(seq_id)
+        sequences.append({"seq_id": seq_id, "request_id": record.origin.request_id if record else None,
+                          "index": None, "status": record.status if record else None, "block_table": table,
+                          "origin": _origin(record.origin if record else None)})
+    ledger = [{"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
+               "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
+               "finish_reason": r.finish_reason} for r in view.ledger()]
+    anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
+                  "step": a.step, "time": a.time} for a in view.ledger_anomalies()]
+    return {
+        "num_total_blocks": stats.num_total_blocks,
+        "num_free_blocks": stats.num_free_blocks,
+        "num_used_blocks": stats.num_used_blocks,
+        "num_cached_blocks": stats.num_cached_blocks,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "num_running": stats.num_running,
+        "num_waiting": stats.num_waiting,
+        "sequences": sequences,
+        "ledger": ledger,
+        "anomalies": anomalies,
+        "ref_counts": {str(block): count for block, count in enumerate(view.ref_counts()) if count},
+        "live_state": live,
+        "view": view_dict(view),
+    }
