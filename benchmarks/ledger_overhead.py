@@ -61,7 +61,7 @@ def main() -> None:
     from vlite.bench.runners import run_vlite
     from vlite.engine.config import EngineConfig
     from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ckpt = load_checkpoint(DEFAULT_MODEL)
     in_r = tuple(int(x) for x in args.input_len_range.split(":"))

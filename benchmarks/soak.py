@@ -56,7 +56,7 @@ def build_tiny_model(out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+    from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ def main() -> int:
     from conftest import make_engine
     from test_engine_hf_parity import SMOL_PROMPTS
 
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
     from vlite.engine.sampling_params import SamplingParams
 
     ap = argparse.ArgumentParser()

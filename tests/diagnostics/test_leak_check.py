@@ -143,7 +143,7 @@ def test_prefix_cached_blocks_are_free_and_fork_refcount_leak_names_the_forker(t
 
 
 def test_a_model_that_fails_every_step_is_inconclusive_not_clean(tiny_checkpoint, monkeypatch):
-    from vlite.engine.models.llama import LlamaForCausalLM
+    from vlite.engine.worker.models.llama import LlamaForCausalLM
 
     def broken_forward(self, *args, **kwargs):
         raise RuntimeError("simulated kernel failure")

@@ -123,7 +123,7 @@ def _n_samples(k=4):
 
 
 def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_checkpoint):
-    from vlite.engine.sequence import FinishReason
+    from vlite.engine.core.sequence import FinishReason
 
     engine = make_engine(tiny_checkpoint, num_blocks=96)
 
@@ -149,7 +149,7 @@ def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_c
 
 
 def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch):
-    from vlite.engine.block_manager import BlockManager
+    from vlite.engine.core.block_manager import BlockManager
 
     free = BlockManager.free
 
@@ -172,7 +172,7 @@ def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch
 def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpoint, monkeypatch):
     from vlite.diagnostics import snapshot
     from vlite.diagnostics.detect import detect
-    from vlite.engine.block_manager import BlockManager
+    from vlite.engine.core.block_manager import BlockManager
 
     release = BlockManager._release
 

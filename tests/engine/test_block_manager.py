@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlite.engine.block_manager import AllocationSite, BlockManager
-from vlite.engine.faults import FaultSet
+from vlite.engine.core.block_manager import AllocationSite, BlockManager
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin, Sequence
 
 
 def make_seq(n_prompt: int, rid: str = "r") -> Sequence:

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.engine.cuda_graphs import DecodeGraphRunner, decode_buckets, pick_bucket
+from vlite.engine.core.sched_output import ScheduledSequence, SchedulerOutput
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.worker.cuda_graphs import DecodeGraphRunner, decode_buckets, pick_bucket
 
 
 def test_decode_buckets():

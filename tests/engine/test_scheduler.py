@@ -8,38 +8,16 @@ the beam-search deadlock escape and the one free path from every state.
 from __future__ import annotations
 
 import pytest
+from utils import fake_result, held_blocks, make_scheduler, make_seq
 
-from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler, SchedulerOutput
-from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
-
-BLOCK = 4
-
-
-def make_scheduler(num_blocks: int = 32, budget: int = 64, max_num_seqs: int = 8,
-                   prefix_caching: bool = False) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs),
-                     CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching), num_blocks)
-
-
-def make_seq(request_id: str, prompt: list[int], max_tokens: int = 8) -> Sequence:
-    return Sequence(request_id, None, prompt, SamplingParams(max_tokens=max_tokens), RequestOrigin(request_id))
+from vlite.engine.core.sched_output import SchedulerOutput
+from vlite.engine.core.scheduler import Scheduler
+from vlite.engine.core.sequence import FinishReason, SequenceStatus
 
 
 def fake_runner_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
-    """What the engine does after a forward: advance computed tokens, cache full blocks and
-    append one sampled token to each sequence whose chunk reached its end."""
-    for item in out.scheduled:
-        item.seq.num_computed_tokens += item.num_new_tokens
-        sched.block_manager.cache_full_blocks(item.seq)
-        if item.sample:
-            item.seq.output_token_ids.append(token)
-
-
-def held_blocks(sched: Scheduler) -> int:
-    """Blocks held by live sequences (free and cached-evictable blocks excluded)."""
-    return sched.block_manager.num_used_blocks
+    """Book the step through the scheduler's own ``update_from_output`` with a fake runner output."""
+    sched.update_from_output(out, fake_result(out, token))
 
 
 def test_chunked_prefill_spends_the_token_budget_and_samples_only_on_the_last_chunk():

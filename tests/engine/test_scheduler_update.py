@@ -5,38 +5,15 @@ and the SchedulerOutput carrying block tables and keep_logits to the runner."""
 
 from __future__ import annotations
 
-import torch
+from utils import fake_result, make_scheduler
 
-from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.model_runner import StepResult
-from vlite.engine.request import Request
-from vlite.engine.sampler import SamplerOutput
+from vlite.engine.core.request import Request
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler
-from vlite.engine.sequence import RequestOrigin, Sequence
-
-BLOCK = 4
-VOCAB = 16
-
-
-def make_scheduler(num_blocks: int = 32) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8),
-                     CacheConfig(block_size=BLOCK, enable_prefix_caching=False), num_blocks, max_model_len=128,
-                     generator=torch.Generator().manual_seed(0))
-
-
-def fake_result(out, token: int, logits: bool = False) -> StepResult:
-    """The runner's answer: ``token`` for every sampled row (and peaked logits if asked)."""
-    seqs = [item.seq for item in out.scheduled if item.sample]
-    raw = None
-    if logits:
-        raw = torch.full((len(seqs), VOCAB), -1e9)
-        raw[:, token] = 0.0
-    return StepResult(seqs, SamplerOutput([token] * len(seqs), [None] * len(seqs)), raw)
 
 
 def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     seq = Sequence("a", None, list(range(6)), SamplingParams(max_tokens=2, ignore_eos=True), RequestOrigin("a"))
     sched.add_sequence(seq)
     out = sched.schedule()
@@ -54,7 +31,7 @@ def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path(
 
 
 def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     seq = Sequence("s", None, [1, 2, 3], SamplingParams(max_tokens=8, stop_token_ids=[9]), RequestOrigin("s"))
     sched.add_sequence(seq)
     out = sched.schedule()
@@ -64,7 +41,7 @@ def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
 
 
 def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     params = SamplingParams(n=3, max_tokens=4, ignore_eos=True, temperature=0)
     parent = Sequence("n", None, list(range(8)), params, RequestOrigin("n"))
     sched.add_request(Request.of(parent))

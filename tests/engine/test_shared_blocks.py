@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_accounting import assert_all_free, assert_consistent, drain
 
+from vlite.engine.core.sequence import RequestOrigin
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 SHARED = "You are a careful assistant. Answer briefly and precisely, citing the block manager. "

@@ -20,8 +20,8 @@ from vlite.engine.config import (
     ParallelConfig,
     SchedulerConfig,
 )
-from vlite.engine.faults import FAULTS, FaultSet
-from vlite.engine.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
+from vlite.engine.core.faults import FAULTS, FaultSet
+from vlite.engine.core.sequence import FinishReason, RequestOrigin, SequenceStatus
 from vlite.engine.metrics import BlockStats, EngineStats
 from vlite.engine.outputs import CompletionOutput, RequestOutput
 from vlite.engine.protocol import EngineClient
@@ -37,8 +37,8 @@ from vlite.engine.sampling_params import (
     MIN_REPETITION_PENALTY,
     SamplingParams,
 )
-from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
 from vlite.engine.structured_output_params import StructuredOutputsParams
+from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 
 if TYPE_CHECKING:
     from vlite.engine.introspection import (

@@ -90,7 +90,7 @@ class EngineArgs:
             ValueError: one line naming the bad option, its value and what is allowed
                 (from the config dataclasses' checks and ``FaultSet``).
         """
-        from vlite.engine.faults import FaultSet
+        from vlite.engine.core.faults import FaultSet
 
         FaultSet(tuple(self.inject_faults))  # unknown fault names fail here, before any model loads
         return EngineConfig(

@@ -40,10 +40,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.core.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.core.request import RequestRecord
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.metrics import EngineStats
-from vlite.engine.request import RequestRecord
-from vlite.engine.sequence import RequestOrigin, Sequence
 
 # Registry name -> what it holds; empty at idle.
 REGISTRIES: dict[str, str] = {

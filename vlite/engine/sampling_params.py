@@ -41,17 +41,17 @@ class SamplingParams:
     logprobs: also return the log-probabilities of the top ``logprobs`` tokens (0..20).
     prompt_logprobs: also return the log-probabilities of every prompt token and of the top
         ``prompt_logprobs`` tokens at each prompt position (0..20; vLLM's extension); see
-        vlite/engine/prompt_logprobs.py.
+        vlite/engine/core/prompt_logprobs.py.
     logit_bias: {token id: bias added to its logit}, bias in [-100, 100] (OpenAI's logit_bias).
     allowed_token_ids: only these token ids can be sampled (vLLM); non-empty when given.
     bad_words: words that are never generated (vLLM): each word's token sequence, with and
         without a leading space, is blocked by masking its last token after its prefix.
-        Token ids are checked against the vocabulary by the engine (vlite/engine/logits_processors.py).
+        Token ids are checked against the vocabulary by the engine (vlite/engine/worker/logits_processors.py).
     beam_width: > 1 runs beam search (greedy scores, as transformers' ``num_beams``); the
         ``n`` best beams are returned. length_penalty: beam score = logprob sum / length**penalty,
         in [-10, 10].
     structured_outputs: constrain the output to a JSON schema, a JSON object, a regex, a choice
-        or a grammar (``vlite.engine.structured_output``; vLLM's field); a dict is read as
+        or a grammar (``vlite.engine.core.structured_output``; vLLM's field); a dict is read as
         ``StructuredOutputsParams(**dict)``. Not with beam search.
     Every float must be finite; booleans are not accepted as integers.
 

@@ -1,7 +1,7 @@
 """What a request asks structured output for: vLLM's ``StructuredOutputsParams``.
 
 A plain dataclass (no torch, no grammar library at import) so that ``SamplingParams`` and the
-API server's request mapping can use it; ``vlite.engine.structured_output`` compiles it.
+API server's request mapping can use it; ``vlite.engine.core.structured_output`` compiles it.
 """
 
 from __future__ import annotations

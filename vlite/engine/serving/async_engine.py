@@ -22,12 +22,12 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from vlite.engine.config import EngineConfig
+from vlite.engine.core.structured_output import StructuredOutputManager
 from vlite.engine.metrics import EngineStats
 from vlite.engine.outputs import RequestOutput
 from vlite.engine.serving.core_client import InprocClient, MPClient
 from vlite.engine.serving.protocol import EngineNotRunningError, EngineRequest, Event
 from vlite.engine.serving.streams import RequestStreamGroup
-from vlite.engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("vlite.core_client")
 

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vlite.engine.core.sequence import FinishReason
 from vlite.engine.introspection import blocks_document
 from vlite.engine.metrics import EngineStats, StatsLogger
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from vlite.engine.sequence import FinishReason
 from vlite.engine.serving.protocol import Command, EngineNotRunningError, EngineRequest, Event
 
 logger = logging.getLogger("vlite.async_engine")  # the --log-stats line keeps its logger name

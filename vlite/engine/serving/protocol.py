@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from vlite.engine.core.sequence import RequestOrigin
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
 
 if TYPE_CHECKING:
     from vlite.engine.metrics import EngineStats

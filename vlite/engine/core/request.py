@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlite.engine.beam_search import BeamState
+from vlite.engine.core.beam_search import BeamState
+from vlite.engine.core.sequence import RequestOrigin, Sequence, SequenceStatus
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin, Sequence, SequenceStatus
 
 
 @dataclass

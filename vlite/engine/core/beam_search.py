@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vlite.engine.sequence import Sequence
+from vlite.engine.core.sequence import Sequence
 
 _NEG = -1.0e9
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from vlite.engine.scheduler import SchedulerOutput
-    from vlite.engine.sequence import Sequence
+    from vlite.engine.core.sched_output import SchedulerOutput
+    from vlite.engine.core.sequence import Sequence
 
 # Rows of logits materialised at once: 256 x a 49152-token vocabulary x 4 bytes = 48 MiB.
 _ROWS_PER_SLICE = 256

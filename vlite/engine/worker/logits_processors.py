@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vlite.engine.core.sequence import Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import Sequence
 
 
 @dataclass

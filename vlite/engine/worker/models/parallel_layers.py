@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vlite.engine.models.linear import Linear
+from vlite.engine.worker.models.linear import Linear
 
 
 @dataclass(frozen=True)

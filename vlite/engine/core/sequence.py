@@ -74,11 +74,11 @@ class Sequence:
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[dict[int, float]] = []
-        # Prompt logprobs (vlite.engine.prompt_logprobs): the complete list once the prompt has
+        # Prompt logprobs (vlite.engine.core.prompt_logprobs): the complete list once the prompt has
         # run, and the entries gathered so far during a chunked prefill.
         self.prompt_logprobs: list | None = None
         self.partial_prompt_logprobs: list | None = None
-        # logit_bias / allowed_token_ids / bad_words (vlite.engine.logits_processors), or None
+        # logit_bias / allowed_token_ids / bad_words (vlite.engine.worker.logits_processors), or None
         self.logits_processor = None
         self.sampling_params = sampling_params
         self.origin = origin

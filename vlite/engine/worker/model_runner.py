@@ -15,7 +15,7 @@ for requests asking for prompt logprobs, at their prompt positions: prompt_logpr
 The step is packed in two stages so that it can cross a process boundary: ``prepare_input``
 (engine process, plain Python lists: ``StepInput``) and ``ModelRunner.build_metadata`` (the
 process that holds the model: tensors on its device). Under tensor parallelism each worker holds
-a ``ModelRunner`` over its shard of the model (``vlite/engine/worker.py``) and gets the same
+a ``ModelRunner`` over its shard of the model (``vlite/engine/worker/worker.py``) and gets the same
 ``StepInput``; rank 0 returns the logits, and the engine samples (``sample_step``).
 """
 
@@ -27,19 +27,19 @@ from dataclasses import dataclass, field
 import torch
 
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
-from vlite.engine.cpu_malloc import tune_malloc
-from vlite.engine.faults import FaultSet
-from vlite.engine.loader import LoadedCheckpoint, WeightSource, checkpoint_files
-from vlite.engine.models.cpu_layer_loop import CpuLayerLoop
-from vlite.engine.models.cpu_layer_loop import default_choice as default_layer_loop
-from vlite.engine.models.linear import resolve_cpu_gemm_backend
-from vlite.engine.models.llama import LlamaForCausalLM
-from vlite.engine.models.parallel_layers import TPGroup
-from vlite.engine.prompt_logprobs import PromptLogprobsRows, compute_prompt_logprobs, plan_prompt_logprobs
-from vlite.engine.sampler import SamplerOutput, sample
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.prompt_logprobs import PromptLogprobsRows, compute_prompt_logprobs, plan_prompt_logprobs
+from vlite.engine.core.sched_output import ForkSamples, SamplerOutput, ScheduledSequence, SchedulerOutput, StepResult
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.worker.cpu_malloc import tune_malloc
+from vlite.engine.worker.loader import LoadedCheckpoint, WeightSource, checkpoint_files
+from vlite.engine.worker.models.cpu_layer_loop import CpuLayerLoop
+from vlite.engine.worker.models.cpu_layer_loop import default_choice as default_layer_loop
+from vlite.engine.worker.models.linear import resolve_cpu_gemm_backend
+from vlite.engine.worker.models.llama import LlamaForCausalLM
+from vlite.engine.worker.models.parallel_layers import TPGroup
+from vlite.engine.worker.sampler import sample
 from vlite.kernels.attention import AttentionMetadata
 from vlite.kernels.attention import default_backend as default_attention_backend
 from vlite.kernels.attention import prepare_backend as prepare_attention_backend
@@ -54,18 +54,6 @@ class SequenceError(RuntimeError):
     def __init__(self, seq_ids: list[int], message: str) -> None:
         super().__init__(message)
         self.seq_ids = seq_ids
-
-
-@dataclass
-class StepResult:
-    """Sampled tokens for the sequences that reached their last token this step."""
-
-    sampled_seqs: list[Sequence]
-    sampler_output: SamplerOutput
-    # [len(sampled_seqs), vocab] float32 logits before sampling, when asked for (n > 1, beams)
-    logits: torch.Tensor | None = None
-    # {seq_id: (first prompt token index, entries)}: prompt logprobs this step's chunks yielded
-    prompt_logprobs: dict[int, tuple[int, list]] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,7 +127,22 @@ def sample_step(sched: SchedulerOutput, logits: torch.Tensor | None, prompt_logp
     if not sampled:
         return StepResult([], SamplerOutput([], []), prompt_logprobs=prompt_logprobs)
     raw = logits.clone() if sched.keep_logits else None
-    return StepResult(sampled, sample(logits, sampled, generator), raw, prompt_logprobs)
+    result = StepResult(sampled, sample(logits, sampled, generator), raw, prompt_logprobs)
+    for row, item in enumerate(item for item in sched.scheduled if item.sample):
+        if item.num_forks:  # n > 1: the first token of each sample still to fork, from the same logits
+            result.forks[item.seq.seq_id] = sample_forks(item.seq, raw[row], item.num_forks, generator)
+    return result
+
+
+def sample_forks(seq: Sequence, logits: torch.Tensor, num_forks: int, generator: torch.Generator) -> ForkSamples:
+    """Sample the first token of samples 1..``num_forks`` of ``seq``'s request from ``seq``'s raw
+    ``logits`` [vocab] float32: each sample starts where ``seq`` stands (same grammar state,
+    tokens and processors), with its own generator when the request is seeded (seed + i, as
+    ``Sequence.fork`` gives it) or else the shared ``generator``."""
+    seed = seq.sampling_params.seed
+    generators = [None if seed is None else torch.Generator().manual_seed(seed + i) for i in range(1, num_forks + 1)]
+    sampled = sample(logits.expand(num_forks, -1).clone(), [seq] * num_forks, generator, row_generators=generators)
+    return ForkSamples(sampled, generators)
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -189,8 +192,8 @@ class ModelRunner:
         cpu_gemm: CPU linear-layer GEMM ("vlite" | "onednn" | "torch" | "auto" | None = $VLITE_CPU_GEMM).
         faults: planted faults for the leak checker's self-test.
         tp: this process's rank in a tensor-parallel group (default: one rank, the whole model);
-            the runner then holds that rank's shard and KV heads (``vlite/engine/worker.py``).
-        rope: precomputed rotary tables (``vlite.engine.models.llama.rope_tables``).
+            the runner then holds that rank's shard and KV heads (``vlite/engine/worker/worker.py``).
+        rope: precomputed rotary tables (``vlite.engine.worker.models.llama.rope_tables``).
 
     The KV cache is allocated by ``initialize_kv_cache``: one (K, V) pair per layer, each
     [num_blocks, block_size, num_kv_heads, head_dim] in ``dtype``.
@@ -227,7 +230,7 @@ class ModelRunner:
             logger.info("CPU linear layers: %s GEMM (VLITE_CPU_GEMM=vlite|onednn|torch|auto)", self.cpu_gemm)
         self.block_size = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), on CUDA only
+        self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/worker/cuda_graphs.py), on CUDA only
         self.generator = torch.Generator().manual_seed(seed)
 
     # ---- set-up --------------------------------------------------------------------------
@@ -292,7 +295,7 @@ class ModelRunner:
         which read this cache."""
         self._allocate_kv_caches(num_blocks, block_size)
         if self.device.type == "cuda" and not enforce_eager:
-            from vlite.engine.cuda_graphs import capture_decode_graphs
+            from vlite.engine.worker.cuda_graphs import capture_decode_graphs
 
             self.cuda_graphs = capture_decode_graphs(self.model, self.kv_caches, block_size, max_num_seqs,
                                                      self.max_model_len, self.device)

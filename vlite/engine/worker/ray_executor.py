@@ -21,15 +21,15 @@ import time
 from typing import Any
 
 from vlite.engine.config import EngineConfig
-from vlite.engine.executor import (
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.worker.executor import (
     CALL_TIMEOUT_S,
     START_TIMEOUT_S,
     DistributedExecutor,
     ExecutorStartupError,
     WorkerFailedError,
 )
-from vlite.engine.faults import FaultSet
-from vlite.engine.worker import WorkerSpec
+from vlite.engine.worker.worker import WorkerSpec
 
 logger = logging.getLogger("vlite.executor")
 
@@ -54,7 +54,7 @@ class RayWorkerWrapper:
             return s.getsockname()[1]
 
     def start(self, spec: WorkerSpec, rank: int) -> dict:
-        from vlite.engine.worker import Worker
+        from vlite.engine.worker.worker import Worker
 
         self.worker = Worker(spec, rank)
         return {**self.worker.info(), "hostname": socket.gethostname()}

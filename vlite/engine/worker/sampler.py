@@ -1,7 +1,7 @@
 """Batched sampling: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 Logit processing follows vLLM's sampler order: per-request logits processors (logit_bias,
-allowed_token_ids, bad_words: vlite/engine/logits_processors.py), penalties (repetition as in CTRL, Keskar et al.
+allowed_token_ids, bad_words: vlite/engine/worker/logits_processors.py), penalties (repetition as in CTRL, Keskar et al.
 2019; presence/frequency as the OpenAI API reference defines them), min_tokens masking,
 temperature, then top-k / top-p / min-p truncation, then sampling.
 
@@ -13,24 +13,13 @@ sampled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from vlite.engine.logits_processors import apply_logits_processors
-from vlite.engine.sequence import Sequence
-from vlite.engine.structured_output import apply_grammar_masks
+from vlite.engine.core.sched_output import SamplerOutput
+from vlite.engine.core.sequence import Sequence
+from vlite.engine.core.structured_output import apply_grammar_masks
+from vlite.engine.worker.logits_processors import apply_logits_processors
 from vlite.kernels import cpu_sampling
-
-
-@dataclass
-class SamplerOutput:
-    """token_ids: one sampled id per row. logprobs: per row, {token_id: logprob} (natural log,
-    of the model's unprocessed distribution) for the sampled token and the ``logprobs`` most
-    likely tokens, or None when not requested."""
-
-    token_ids: list[int]
-    logprobs: list[dict[int, float] | None]
 
 
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -75,13 +64,16 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[-1] - 1)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None) -> SamplerOutput:
+def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None,
+           row_generators: list[torch.Generator | None] | None = None) -> SamplerOutput:
     """Pick the next token of each sequence.
 
     Args:
         logits: [N, vocab] float32, row i for ``seqs[i]`` (modified in place).
         seqs: the sequences that sample this step.
         generator: used by rows whose request has no seed.
+        row_generators: per row, a generator used before the sequence's own (the first token
+            of a sample not forked yet); None entries fall back as above.
     """
     apply_grammar_masks(logits, seqs)  # structured output: -inf outside each row's grammar
     token_ids: list[int] = []
@@ -106,7 +98,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
             token = int(cpu_sampling.argmax(row.unsqueeze(0))[0])
         else:
             row = _truncate(row / p.temperature, p.top_k, p.top_p, p.min_p)
-            token = draw(row.softmax(-1), seq.generator or generator)
+            own = row_generators[i] if row_generators is not None else None
+            token = draw(row.softmax(-1), own or seq.generator or generator)
         token_ids.append(token)
         if raw_logprobs is not None:
             lp = raw_logprobs

@@ -273,7 +273,7 @@ def load_checkpoint(model: str, *, weights: bool = True) -> LoadedCheckpoint:
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    from vlite.engine.models.llama import SUPPORTED_ARCHITECTURES
+    from vlite.engine.worker.models.registry import SUPPORTED_ARCHITECTURES
 
     resolved = resolve_model(model)
     try:

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from vlite.engine.models.cpu_layer_loop import CpuLayerLoop
-from vlite.engine.models.linear import Linear
-from vlite.engine.models.parallel_layers import (
+from vlite.engine.worker.models.cpu_layer_loop import CpuLayerLoop
+from vlite.engine.worker.models.linear import Linear
+from vlite.engine.worker.models.parallel_layers import (
     ColumnParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
@@ -30,8 +30,6 @@ from vlite.kernels.attention import AttentionMetadata, paged_attention
 from vlite.kernels.fused_ops import CppOps, TorchOps, ops_for
 
 FusedOps = TorchOps | CppOps
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
 def rope_tables(config: PretrainedConfig, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
         Raises:
             ValueError: a tensor is missing or has the wrong shape.
         """
-        from vlite.engine.loader import WeightSource
+        from vlite.engine.worker.loader import WeightSource
 
         self.load_weights(WeightSource.from_state_dict(state_dict))
 
@@ -256,7 +254,7 @@ class LlamaForCausalLM(nn.Module):
         return [(name, 0, 0, -1)]  # row-parallel biases: whole, on rank 0
 
     def load_weights(self, source) -> None:
-        """Fill every parameter from ``source`` (a ``vlite.engine.loader.WeightSource`` with HF
+        """Fill every parameter from ``source`` (a ``vlite.engine.worker.loader.WeightSource`` with HF
         names), reading only this rank's slices; vocabulary shards past the end stay zero (padding).
 
         Raises:

@@ -45,7 +45,7 @@ from vlite.engine.structured_output_params import CONSTRAINT_FIELDS, StructuredO
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
 
-    from vlite.engine.sequence import Sequence
+    from vlite.engine.core.sequence import Sequence
 
 # Distinct compiled grammars kept (each a template matcher; a copy per sequence costs ~1 us).
 GRAMMAR_CACHE_SIZE = 256

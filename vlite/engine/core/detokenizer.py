@@ -8,7 +8,7 @@ before the stop string, as the OpenAI API does.
 
 from __future__ import annotations
 
-from vlite.engine.sequence import Sequence
+from vlite.engine.core.sequence import Sequence
 
 # Tokens of context decoded before the new ones so that leading spaces come out right.
 _CONTEXT_TOKENS = 5

@@ -30,12 +30,11 @@ import numpy as np
 import torch
 
 from vlite.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig, EngineConfig
-from vlite.engine.faults import FaultSet
-from vlite.engine.loader import LoadedCheckpoint
-from vlite.engine.model_runner import ModelRunner, SequenceError, StepResult, prepare_input, sample_step
-from vlite.engine.models.parallel_layers import check_tp_size
-from vlite.engine.scheduler import SchedulerOutput
-from vlite.engine.worker import WorkerSpec
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.sched_output import SchedulerOutput, StepResult
+from vlite.engine.worker.loader import LoadedCheckpoint
+from vlite.engine.worker.model_runner import ModelRunner, SequenceError, prepare_input, sample_step
+from vlite.engine.worker.worker import WorkerSpec
 
 logger = logging.getLogger("vlite.executor")
 
@@ -254,7 +253,7 @@ class MultiprocExecutor(DistributedExecutor):
         super().__init__(config, faults)
         import multiprocessing as mp
 
-        from vlite.engine.worker import worker_main
+        from vlite.engine.worker.worker import worker_main
 
         n = self.tensor_parallel_size
         port = rendezvous_port()
@@ -394,36 +393,5 @@ def _stop_processes(procs: list, conns: list, grace_s: float = 2.0) -> None:
         conn.close()
 
 
-def create_executor(config: EngineConfig, checkpoint: LoadedCheckpoint, max_model_len: int, device: torch.device,
-                    dtype: torch.dtype, faults: FaultSet) -> Executor:
-    """The executor ``config.parallel`` asks for: in-process for tensor_parallel_size 1, else
-    multiprocess ("mp") or Ray ("ray") workers.
-
-    Raises:
-        ValueError: the model cannot be split over that many ranks.
-        ExecutorStartupError: a rank failed to start; Ray is not installed.
-    """
-    parallel = config.parallel
-    if parallel.tensor_parallel_size == 1:
-        return UniProcExecutor(checkpoint, max_model_len, device, dtype, config, faults)
-    hf = checkpoint.config
-    num_kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    check_tp_size(parallel.tensor_parallel_size, hf.num_attention_heads, num_kv, hf.intermediate_size)
-    if device.type == "cuda" and torch.cuda.device_count() < parallel.tensor_parallel_size \
-            and parallel.distributed_executor_backend == "mp":
-        raise ValueError(f"tensor_parallel_size {parallel.tensor_parallel_size} needs as many GPUs on this host, "
-                         f"found {torch.cuda.device_count()}")
-    from vlite.engine.models.llama import rope_tables
-
-    spec_args = dict(hf_config=hf, model_path=str(checkpoint.path), model_name=checkpoint.name,
-                     max_model_len=max_model_len, device=device.type, dtype=config.dtype, cpu_gemm=config.cpu_gemm,
-                     seed=config.seed, rope=rope_tables(hf, max_model_len))
-    if parallel.distributed_executor_backend == "ray":
-        from vlite.engine.ray_executor import RayExecutor
-
-        return RayExecutor(config, faults, spec_args)
-    return MultiprocExecutor(config, faults, spec_args)
-
-
 __all__ = ["DistributedExecutor", "Executor", "ExecutorError", "ExecutorStartupError", "MultiprocExecutor",
-           "UniProcExecutor", "WorkerFailedError", "create_executor", "free_loopback_port"]
+           "UniProcExecutor", "WorkerFailedError", "free_loopback_port"]

@@ -24,9 +24,9 @@ import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
-from vlite.engine.faults import FaultSet
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.sequence import Sequence
 from vlite.engine.metrics import BlockStats
-from vlite.engine.sequence import Sequence
 
 
 class AllocationSite(str, enum.Enum):

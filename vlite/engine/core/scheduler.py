@@ -20,59 +20,18 @@ import logging
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-import torch
-
-from vlite.engine.block_manager import AllocationSite, BlockManager
 from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.detokenizer import find_stop_string
-from vlite.engine.faults import FaultSet, PlantedFault
-from vlite.engine.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
-from vlite.engine.request import Request, RequestRecord
-from vlite.engine.sampler import sample
-from vlite.engine.sequence import FinishReason, Sequence, SequenceStatus
-from vlite.engine.structured_output import StructuredOutputManager
-
-if TYPE_CHECKING:
-    from vlite.engine.model_runner import StepResult
+from vlite.engine.core.block_manager import AllocationSite, BlockManager
+from vlite.engine.core.detokenizer import find_stop_string
+from vlite.engine.core.faults import FaultSet, PlantedFault
+from vlite.engine.core.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
+from vlite.engine.core.request import Request, RequestRecord
+from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
+from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
+from vlite.engine.core.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ScheduledSequence:
-    """One sequence's share of a step: ``num_new_tokens`` tokens starting at its
-    ``num_computed_tokens``; ``sample`` is True when the chunk reaches its last token."""
-
-    seq: Sequence
-    num_new_tokens: int
-    sample: bool
-
-
-@dataclass
-class SchedulerOutput:
-    """What one step runs, everything the runner needs. ``scheduled`` lists decodes first,
-    then prefill chunks; ``block_tables`` maps each scheduled sequence id to its block table
-    (physical block ids); ``blocks_to_copy`` lists copy-on-write (src, dst) block pairs to
-    apply before the forward; ``keep_logits`` asks the runner for the raw logits of the
-    sampled rows (to fork n samples or rank beams)."""
-
-    step: int
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    block_tables: dict[int, list[int]] = field(default_factory=dict)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    keep_logits: bool = False
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -86,7 +45,6 @@ class Scheduler:
         num_blocks: physical KV blocks (the model runner sized the cache).
         faults: planted faults for the leak checker's self-test.
         enable_ledger: record every block allocation (off only to measure its cost).
-        generator: the runner's sampling generator (samples the first token of forked children).
         detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
             returns the new text (the output processor's); None = no stop strings checked.
         finished_history: finished sequences whose records are kept for attribution.
@@ -96,7 +54,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
                  faults: FaultSet | None = None, *, enable_ledger: bool = True, max_model_len: int | None = None,
-                 generator: torch.Generator | None = None, detokenize: Callable[[Sequence], str] | None = None,
+                 detokenize: Callable[[Sequence], str] | None = None,
                  finished_history: int = 10_000, structured_output: StructuredOutputManager | None = None):
         self.config = config
         self.faults = faults or FaultSet()
@@ -106,7 +64,6 @@ class Scheduler:
                                           faults=self.faults,
                                           enable_prefix_caching=cache_config.enable_prefix_caching)
         self.max_model_len = max_model_len or config.max_model_len or 1 << 62
-        self.generator = generator
         self.detokenize = detokenize
         self.finished_history = finished_history
         self.structured_output = structured_output or StructuredOutputManager()
@@ -246,6 +203,10 @@ class Scheduler:
         out.blocks_to_copy = self.block_manager.take_pending_copies()
         out.keep_logits = any(self.requests[item.seq.request_id].needs_logits
                               for item in out.scheduled if item.sample)
+        for item in out.scheduled:  # n > 1: the runner samples the first token of every sample
+            req = self.requests[item.seq.request_id]
+            if item.sample and req.beam is None and req.params.n > 1 and len(req.seqs) == 1:
+                item.num_forks = req.params.n - 1
         return out
 
     def _preempt(self, seq: Sequence) -> None:
@@ -286,8 +247,9 @@ class Scheduler:
             if req.beam is not None:
                 req.beam.pending[seq.seq_id] = result.logits[row]
                 continue
-            if req.params.n > 1 and len(req.seqs) == 1:
-                self._fork_samples(req, seq, result.logits[row], now)
+            forks = result.forks.get(seq.seq_id)
+            if forks is not None:
+                self._fork_samples(req, seq, forks, now)
             self._append_token(seq, sampled.token_ids[row], sampled.logprobs[row], now)
         for req in touched.values():
             if req.beam is not None and req.beam.ready:
@@ -309,15 +271,17 @@ class Scheduler:
                 req.beam.done = True
         return list(reqs.values())
 
-    def _fork_samples(self, req: Request, parent: Sequence, logits: torch.Tensor, now: float) -> None:
-        """Parallel sampling: after the prompt, fork n - 1 children that share its blocks, and
-        sample each child's first token from the same logits."""
+    def _fork_samples(self, req: Request, parent: Sequence, forks: ForkSamples, now: float) -> None:
+        """Parallel sampling: after the prompt, fork n - 1 children that share its blocks; each
+        takes the first token the runner sampled for it from the parent's logits (and, for a
+        seeded request, the generator that drew it)."""
         children = [parent.fork(i) for i in range(1, req.params.n)]
-        for child in children:
+        for child, generator in zip(children, forks.generators):
+            if generator is not None:
+                child.generator = generator
             self.block_manager.fork(parent, child)
             self.add_forked(child)
-        first = sample(logits.expand(len(children), -1).clone(), children, self.generator)
-        for child, token, logprobs in zip(children, first.token_ids, first.logprobs):
+        for child, token, logprobs in zip(children, forks.sampled.token_ids, forks.sampled.logprobs):
             self._append_token(child, token, logprobs, now)
 
     def _beam_step(self, req: Request, now: float) -> None:

@@ -20,16 +20,11 @@ Python loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from vlite.env import env_choice
 from vlite.kernels import attention, cpu_attention, cpu_extension, fused_ops
 from vlite.kernels.torch_ref import kernel_rows_of_every_token
-
-if TYPE_CHECKING:
-    from vlite.engine.models.llama import LlamaForCausalLM
 
 LAYER_LOOP_CHOICES = ("auto", "python")
 
@@ -54,7 +49,7 @@ class CpuLayerLoop:
         self._layers = layers  # the extension's CpuDecoderLayers
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> CpuLayerLoop | None:
+    def build(cls, model: torch.nn.Module, kv_cache: tuple[torch.Tensor, torch.Tensor]) -> CpuLayerLoop | None:
         """The loop for ``model`` whose first layer's cache is ``kv_cache``, or None where it
         does not apply (see the module docstring)."""
         first = model.layers[0].self_attn

@@ -42,7 +42,7 @@ class WorkerSpec:
     tp_size: ranks; init_method: torch.distributed rendezvous URL (``tcp://host:port``).
     num_threads: torch intra-op threads of this rank (None: torch's default).
     dist_timeout_s: how long a collective waits for a missing peer before failing, seconds.
-    rope: the rotary tables (``vlite.engine.models.llama.rope_tables``), computed once by the engine.
+    rope: the rotary tables (``vlite.engine.worker.models.llama.rope_tables``), computed once by the engine.
     """
 
     hf_config: object
@@ -79,9 +79,9 @@ class Worker:
         import torch
         import torch.distributed as dist
 
-        from vlite.engine.loader import LoadedCheckpoint
-        from vlite.engine.model_runner import ModelRunner
-        from vlite.engine.models.parallel_layers import TPGroup
+        from vlite.engine.worker.loader import LoadedCheckpoint
+        from vlite.engine.worker.model_runner import ModelRunner
+        from vlite.engine.worker.models.parallel_layers import TPGroup
 
         self.rank = rank
         self.spec = spec

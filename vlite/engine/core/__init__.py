@@ -1,0 +1,46 @@
+"""The engine core: a request's life (vLLM V1's ``vllm/v1/core``).
+
+``scheduler.Scheduler`` owns every request from admission to its one free path; it alone drives
+the KV cache manager (``block_manager``: block tables, the free block queue, prefix caching,
+fork and copy-on-write, the allocation ledger). ``sched_output`` holds the two messages of a
+step (``SchedulerOutput`` to the runner, ``StepResult`` back), so that the scheduler never
+imports the worker. Nothing here runs the model or samples.
+
+The names below are loaded on first use (PEP 562), so importing one light module of this
+package (``faults``, ``sequence``) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Scheduler": "vlite.engine.core.scheduler",
+    "BlockManager": "vlite.engine.core.block_manager",
+    "AllocationSite": "vlite.engine.core.block_manager",
+    "Request": "vlite.engine.core.request",
+    "RequestRecord": "vlite.engine.core.request",
+    "Sequence": "vlite.engine.core.sequence",
+    "SequenceStatus": "vlite.engine.core.sequence",
+    "FinishReason": "vlite.engine.core.sequence",
+    "RequestOrigin": "vlite.engine.core.sequence",
+    "ScheduledSequence": "vlite.engine.core.sched_output",
+    "SchedulerOutput": "vlite.engine.core.sched_output",
+    "SamplerOutput": "vlite.engine.core.sched_output",
+    "ForkSamples": "vlite.engine.core.sched_output",
+    "StepResult": "vlite.engine.core.sched_output",
+    "StructuredOutputManager": "vlite.engine.core.structured_output",
+    "FAULTS": "vlite.engine.core.faults",
+    "FaultSet": "vlite.engine.core.faults",
+}
+
+
+def __getattr__(name: str):
+    """PEP 562: import a public name's module on first use (AttributeError for others)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vlite.engine.core' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = sorted(_LAZY)
