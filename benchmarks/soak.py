@@ -174,7 +174,7 @@ def start_in_process(model: str, num_blocks: int, port: int):
     from vlite.engine.config import CacheConfig, EngineConfig
     from vlite.engine.llm_engine import LLMEngine
     from vlite.entrypoints.api_server import create_app
-    from vlite.entrypoints.http_protocol import with_header_timeout
+    from vlite.entrypoints.header_timeout import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
 
     config = EngineConfig(model=model, cache=CacheConfig(num_blocks=num_blocks))

@@ -70,9 +70,9 @@ def unconstrained_ab(engine, reqs, repeats: int) -> dict:
 
 
 def constrained_costs(engine, repeats: int) -> dict:
-    from vlite.engine.sampling_params import SamplingParams
     from vlite.engine.core.sequence import RequestOrigin, Sequence
     from vlite.engine.core.structured_output import StructuredOutputsParams, apply_grammar_masks
+    from vlite.engine.sampling_params import SamplingParams
 
     tok = engine.tokenizer
 

@@ -149,9 +149,9 @@ def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_c
 
 
 def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch):
-    from vlite.engine.core.block_manager import BlockManager
+    from vlite.engine.core.kv_cache_manager import KVCacheManager
 
-    free = BlockManager.free
+    free = KVCacheManager.free
 
     def free_keeping_hash_progress(self, seq):
         kept = self._num_hashed.get(seq.seq_id)
@@ -160,7 +160,7 @@ def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch
             self._num_hashed[seq.seq_id] = kept  # a defect: prefix-hash progress never dropped
         return n
 
-    monkeypatch.setattr(BlockManager, "free", free_keeping_hash_progress)
+    monkeypatch.setattr(KVCacheManager, "free", free_keeping_hash_progress)
     engine = make_engine(tiny_checkpoint, num_blocks=64)
     run = run_in_process(engine, _n_samples(2), max_concurrency=4, sample_interval_s=0.05)
     f = run.findings
@@ -172,9 +172,9 @@ def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch
 def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpoint, monkeypatch):
     from vlite.diagnostics import snapshot
     from vlite.diagnostics.detect import detect
-    from vlite.engine.core.block_manager import BlockManager
+    from vlite.engine.core.kv_cache_manager import KVCacheManager
 
-    release = BlockManager._release
+    release = KVCacheManager._release
 
     def release_keeping_count(self, block_id, seq, path="free"):  # a defect: the ledger is cleared, the count not
         if path == "free" and seq.num_output_tokens >= 4 and not getattr(self, "_done", False):
@@ -182,7 +182,7 @@ def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpo
             self.blocks[block_id].ref_count += 1
         release(self, block_id, seq, path)
 
-    monkeypatch.setattr(BlockManager, "_release", release_keeping_count)
+    monkeypatch.setattr(KVCacheManager, "_release", release_keeping_count)
     engine = make_engine(tiny_checkpoint, num_blocks=64)
     run = run_in_process(engine, _n_samples(2), max_concurrency=4, sample_interval_s=0.05)
     f = run.findings

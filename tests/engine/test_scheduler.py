@@ -35,7 +35,7 @@ def test_chunked_prefill_spends_the_token_budget_and_samples_only_on_the_last_ch
     # the next step is a 1-token decode that needs no new block until position 44
     out = sched.schedule()
     assert [(s.seq, s.num_new_tokens, s.sample) for s in out.scheduled] == [(seq, 1, True)]
-    assert len(sched.block_manager.get_block_table(seq.seq_id)) == 11  # ceil(41 / 4)
+    assert len(sched.kv_cache_manager.get_block_table(seq.seq_id)) == 11  # ceil(41 / 4)
 
 
 def test_decodes_come_before_prefills_and_waiting_joins_in_arrival_order_within_max_num_seqs():
@@ -74,7 +74,7 @@ def test_preemption_takes_the_latest_arrival_frees_its_blocks_and_requeues_it_fi
     assert b.status is SequenceStatus.PREEMPTED and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert sched.num_preemptions_total == 1
     assert list(sched.waiting) == [b, c]  # front of the queue, ahead of the newer c
-    assert sched.block_manager.get_block_table(b.seq_id) == []
+    assert sched.kv_cache_manager.get_block_table(b.seq_id) == []
     assert held_blocks(sched) == 4  # a's 4 blocks; b's 3 went back to the free list
     # nothing new joins in a step that preempted
     assert c.status is SequenceStatus.WAITING
@@ -101,7 +101,7 @@ def test_prefix_hits_are_counted_and_skip_the_cached_tokens():
     sched.add_sequence(a)
     fake_runner_step(sched, sched.schedule())
     sched.finish_sequence(a, FinishReason.STOP)
-    bm = sched.block_manager
+    bm = sched.kv_cache_manager
     assert bm.num_cached_blocks == 3 and held_blocks(sched) == 0  # cached blocks are free, not held
     b = make_seq("b", prompt[:12] + [99])  # same 3 full blocks, different last token
     sched.add_sequence(b)
@@ -125,7 +125,7 @@ def test_beam_deadlock_escape_preempts_all_running_and_groups_siblings():
     fake_runner_step(sched, out)
     # a's beams (forks) wait for logits: every running sequence has nothing to run this step
     child = a.fork(1)
-    sched.block_manager.fork(a, child)
+    sched.kv_cache_manager.fork(a, child)
     sched.add_forked(child)
     a.num_computed_tokens = child.num_computed_tokens = a.num_tokens
     w1, w2 = make_seq("w", [2] * 40), make_seq("x", [3] * 4)
@@ -158,7 +158,7 @@ def test_abort_in_every_state_goes_through_the_one_free_path(state):
     aborted = sched.abort("a")
     assert aborted == [a] and a.finish_reason is FinishReason.ABORT
     assert "a" not in sched.requests and a not in sched.running and a not in sched.waiting
-    assert sched.block_manager.get_block_table(a.seq_id) == []
+    assert sched.kv_cache_manager.get_block_table(a.seq_id) == []
     assert sched.abort("a") == []  # idempotent
     sched.abort("b")
-    assert held_blocks(sched) == 0 and not sched.requests and not sched.block_manager.ledger.held()
+    assert held_blocks(sched) == 0 and not sched.requests and not sched.kv_cache_manager.ledger.held()

@@ -17,7 +17,7 @@ def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path(
     seq = Sequence("a", None, list(range(6)), SamplingParams(max_tokens=2, ignore_eos=True), RequestOrigin("a"))
     sched.add_sequence(seq)
     out = sched.schedule()
-    assert out.block_tables == {seq.seq_id: sched.block_manager.get_block_table(seq.seq_id)}
+    assert out.block_tables == {seq.seq_id: sched.kv_cache_manager.get_block_table(seq.seq_id)}
     assert len(out.block_tables[seq.seq_id]) == 2 and out.blocks_to_copy == [] and not out.keep_logits
     (req,) = sched.update_from_output(out, fake_result(out, 3))
     assert seq.num_computed_tokens == 6 and seq.output_token_ids == [3] and not req.is_finished
@@ -25,7 +25,7 @@ def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path(
     out = sched.schedule()
     (req,) = sched.update_from_output(out, fake_result(out, 5))
     assert seq.output_token_ids == [3, 5] and req.is_finished and seq.finish_reason.value == "length"
-    assert sched.requests == {} and sched.block_manager.num_used_blocks == 0
+    assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
     rec = sched.request_record(seq.seq_id)
     assert rec.finish_reason == "length" and rec.num_output_tokens == 2 and sched.finish_counts["length"] == 1
 
@@ -37,7 +37,7 @@ def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
     out = sched.schedule()
     sched.update_from_output(out, fake_result(out, 9))
     assert seq.finish_reason.value == "stop" and seq.stop_reason == 9 and sched.finish_counts["stop:stop_token"] == 1
-    assert not sched.has_unfinished() and sched.block_manager.num_used_blocks == 0
+    assert not sched.has_unfinished() and sched.kv_cache_manager.num_used_blocks == 0
 
 
 def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
@@ -50,9 +50,9 @@ def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
     (req,) = sched.update_from_output(out, fake_result(out, 4, logits=True))
     assert [s.index for s in req.seqs] == [0, 1, 2] and len(req) == 3
     assert all(s.output_token_ids == [4] for s in req.seqs)  # greedy children sample the same token
-    tables = [sched.block_manager.get_block_table(s.seq_id) for s in req.seqs]
-    assert tables[0] == tables[1] == tables[2] and sched.block_manager.num_used_blocks == 2  # shared
+    tables = [sched.kv_cache_manager.get_block_table(s.seq_id) for s in req.seqs]
+    assert tables[0] == tables[1] == tables[2] and sched.kv_cache_manager.num_used_blocks == 2  # shared
     sched.abort("n")
-    assert sched.requests == {} and sched.block_manager.num_used_blocks == 0
+    assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
     assert sched.abort_states["decode"] == 3 and all(sched.request_record(s.seq_id).finish_reason == "abort"
                                                      for s in req.seqs)

@@ -53,4 +53,4 @@ def run_step(sched: Scheduler, token: int = 7) -> SchedulerOutput:
 
 def held_blocks(sched: Scheduler) -> int:
     """Blocks held by live sequences (free and cached-evictable blocks excluded)."""
-    return sched.block_manager.num_used_blocks
+    return sched.kv_cache_manager.num_used_blocks

@@ -8,7 +8,7 @@ path, at which step, after which finish reason or at a preemption), and how ofte
 preempted. When the evidence does not single out a path the answer is "unknown", with the
 evidence shown.
 
-Release records (``vlite.engine.core.block_manager.ReleaseRecord`` as plain dicts): a release by
+Release records (``vlite.engine.core.kv_cache_manager.ReleaseRecord`` as plain dicts): a release by
 path "free" of a sequence whose status was still "running" is a preemption (the scheduler
 frees before it marks the sequence preempted); one of a "finished" sequence is its finish.
 """

@@ -36,8 +36,8 @@ from vlite.engine.sampling_params import (
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     SamplingParams,
+    StructuredOutputsParams,
 )
-from vlite.engine.structured_output_params import StructuredOutputsParams
 from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 
 if TYPE_CHECKING:

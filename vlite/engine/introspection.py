@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.core.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.core.ledger import LedgerAnomaly, ReleaseRecord
 from vlite.engine.core.request import RequestRecord
 from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.metrics import EngineStats
@@ -187,7 +187,7 @@ class EngineView:
         """The engine's fixed facts (they do not change after start)."""
         e = self._engine
         return EngineInfo(e.model_name, e.device.type, e.block_size, e.bytes_per_block,
-                          e.scheduler.block_manager.num_total_blocks, tuple(e.config.inject_faults),
+                          e.scheduler.kv_cache_manager.num_total_blocks, tuple(e.config.inject_faults),
                           e.config.parallel.tensor_parallel_size, tuple(e.executor.worker_pids()))
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
@@ -197,7 +197,7 @@ class EngineView:
     def registries(self) -> dict[str, int]:
         """Sizes (entries) of every per-request registry; all 0 when the engine is idle."""
         e = self._engine
-        sched, bm = e.scheduler, e.scheduler.block_manager
+        sched, bm = e.scheduler, e.scheduler.kv_cache_manager
         sizes = {"scheduler.requests": len(sched.requests), "scheduler.waiting": len(sched.waiting),
                  "scheduler.running": len(sched.running),
                  "engine.groups": sum(len(r) for r in list(sched.requests.values())),
@@ -211,7 +211,7 @@ class EngineView:
     def histories(self) -> dict[str, HistorySize]:
         """Sizes and bounds of the bounded histories (allowed to be non-empty at idle)."""
         e = self._engine
-        bm = e.scheduler.block_manager
+        bm = e.scheduler.kv_cache_manager
         sched = e.scheduler
         keep = sched.finished_history
         reqs = list(sched.requests.values())
@@ -227,7 +227,7 @@ class EngineView:
     def coverage(self) -> Coverage:
         """The coverage counters since the engine started (counts; see ``Coverage``)."""
         e = self._engine
-        bm, sched = e.scheduler.block_manager, e.scheduler
+        bm, sched = e.scheduler.kv_cache_manager, e.scheduler
         return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(sched.finish_counts)),
                         MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
                         sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
@@ -238,11 +238,11 @@ class EngineView:
         e = self._engine
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
-                              e.scheduler.block_manager.num_cached_blocks, e.config.finished_history)
+                              e.scheduler.kv_cache_manager.num_cached_blocks, e.config.finished_history)
 
     def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
         """The release history (oldest first), or only the records of ``block_ids``."""
-        hist = self._engine.scheduler.block_manager.ledger.released
+        hist = self._engine.scheduler.kv_cache_manager.ledger.released
         return tuple(r for r in hist if block_ids is None or r.block_id in block_ids)
 
     def request_history(self, request_ids: set[str] | None = None) -> dict[str, RequestHistory]:
@@ -254,7 +254,7 @@ class EngineView:
             if request_ids is None or rid in request_ids:
                 by_req.setdefault(rid, []).append(rec)
         last_release: dict[str, tuple[float, int]] = {}
-        for r in e.scheduler.block_manager.ledger.released:
+        for r in e.scheduler.kv_cache_manager.ledger.released:
             if r.request_id in by_req:
                 last_release[r.request_id] = (r.time, r.step)
         out = {}
@@ -279,7 +279,7 @@ class EngineView:
 
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""
-        bm = self._engine.scheduler.block_manager
+        bm = self._engine.scheduler.kv_cache_manager
         return [{"block_id": b.block_id, "ref_count": b.ref_count} for b in bm.blocks
                 if b.block_id not in bm.free_block_queue or b.ref_count != 0]
 
@@ -301,7 +301,7 @@ class EngineView:
                            num_preemptions_total=sched.num_preemptions_total,
                            prompt_tokens_total=sched.prompt_tokens_total,
                            generation_tokens_total=sched.generation_tokens_total,
-                           num_live_requests=len(sched.requests), blocks=e.scheduler.block_manager.stats(),
+                           num_live_requests=len(sched.requests), blocks=e.scheduler.kv_cache_manager.stats(),
                            coverage=self.coverage())
 
     def ledger(self) -> list[LedgerRecord]:
@@ -311,7 +311,7 @@ class EngineView:
         now = time.time()
         live = self._live_sequences()
         out = []
-        for entry in e.scheduler.block_manager.ledger.held():
+        for entry in e.scheduler.kv_cache_manager.ledger.held():
             rec = e.scheduler.request_record(entry.seq_id)
             seq = live.get(entry.seq_id)
             status = seq.status.value if seq else (rec.status if rec else None)
@@ -322,12 +322,12 @@ class EngineView:
 
     def ledger_anomalies(self) -> list[LedgerAnomaly]:
         """Anomalies the allocation ledger saw (double frees, frees of unowned blocks, ...)."""
-        return self._engine.scheduler.block_manager.ledger.anomalies()
+        return self._engine.scheduler.kv_cache_manager.ledger.anomalies()
 
     def sequences_view(self) -> list[dict]:
         """Every live sequence (all samples and beams of every request): ids, index, status,
         token counts (tokens) and block table. A read-only copy."""
-        tables = self._engine.scheduler.block_manager.block_tables
+        tables = self._engine.scheduler.kv_cache_manager.block_tables
         return [{"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "status": s.status.value,
                  "parent_seq_id": s.parent_seq_id, "num_prompt_tokens": s.num_prompt_tokens,
                  "num_computed_tokens": s.num_computed_tokens, "num_output_tokens": s.num_output_tokens,
@@ -340,7 +340,7 @@ class EngineView:
         and which block tables belong to sequences that already finished."""
         sched = self._engine.scheduler
         live_seq_ids = set(self._live_sequences())
-        tables = list(self._engine.scheduler.block_manager.block_tables)
+        tables = list(self._engine.scheduler.kv_cache_manager.block_tables)
         return {"live_request_ids": list(sched.requests), "block_table_seq_ids": tables,
                 "orphan_block_tables": [sid for sid in tables if sid not in live_seq_ids],
                 "finished_live_requests": [rid for rid, req in sched.requests.items()
@@ -348,11 +348,11 @@ class EngineView:
 
     def block_tables(self) -> dict[int, list[int]]:
         """Block tables (physical block ids) by sequence id, copied."""
-        return {sid: list(t) for sid, t in self._engine.scheduler.block_manager.block_tables.items()}
+        return {sid: list(t) for sid, t in self._engine.scheduler.kv_cache_manager.block_tables.items()}
 
     def ref_counts(self) -> list[int]:
         """Reference count of every block, by block id."""
-        return self._engine.scheduler.block_manager.ref_counts()
+        return self._engine.scheduler.kv_cache_manager.ref_counts()
 
     def request_progress(self, request_id: str) -> dict[str, int | str] | None:
         """Where a live request is, for clients that inject aborts at a given phase.
@@ -369,7 +369,7 @@ class EngineView:
         return {"status": seq.status.value, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens,
                 "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_preemptions": seq.num_preemptions,
-                "num_blocks": len(self._engine.scheduler.block_manager.get_block_table(seq.seq_id))}
+                "num_blocks": len(self._engine.scheduler.kv_cache_manager.get_block_table(seq.seq_id))}
 
 
 # ---- the /debug/blocks document (written here once; diagnostics and the server read it) ------------

@@ -1,8 +1,9 @@
 """The engine core: a request's life (vLLM V1's ``vllm/v1/core``).
 
 ``scheduler.Scheduler`` owns every request from admission to its one free path; it alone drives
-the KV cache manager (``block_manager``: block tables, the free block queue, prefix caching,
-fork and copy-on-write, the allocation ledger). ``sched_output`` holds the two messages of a
+the ``KVCacheManager`` (``kv_cache_manager``: block tables, prefix hits, fork and
+copy-on-write) over the ``BlockPool`` (``block_pool``: blocks, the free block queue, the
+prefix-cache hash index) and the allocation ledger (``ledger``). ``sched_output`` holds the two messages of a
 step (``SchedulerOutput`` to the runner, ``StepResult`` back), so that the scheduler never
 imports the worker. Nothing here runs the model or samples.
 
@@ -16,8 +17,10 @@ import importlib
 
 _LAZY = {
     "Scheduler": "vlite.engine.core.scheduler",
-    "BlockManager": "vlite.engine.core.block_manager",
-    "AllocationSite": "vlite.engine.core.block_manager",
+    "KVCacheManager": "vlite.engine.core.kv_cache_manager",
+    "BlockPool": "vlite.engine.core.block_pool",
+    "BlockLedger": "vlite.engine.core.ledger",
+    "AllocationSite": "vlite.engine.core.ledger",
     "Request": "vlite.engine.core.request",
     "RequestRecord": "vlite.engine.core.request",
     "Sequence": "vlite.engine.core.sequence",

@@ -22,9 +22,10 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.core.block_manager import AllocationSite, BlockManager
 from vlite.engine.core.detokenizer import find_stop_string
 from vlite.engine.core.faults import FaultSet, PlantedFault
+from vlite.engine.core.kv_cache_manager import KVCacheManager
+from vlite.engine.core.ledger import AllocationSite
 from vlite.engine.core.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
 from vlite.engine.core.request import Request, RequestRecord
 from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
@@ -60,7 +61,7 @@ class Scheduler:
         self.faults = faults or FaultSet()
         # The scheduler builds and alone talks to the block manager (as vLLM v1's scheduler
         # builds its KV cache manager); ``EngineView`` only reads it.
-        self.block_manager = BlockManager(num_blocks, cache_config.block_size, enable_ledger=enable_ledger,
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size, enable_ledger=enable_ledger,
                                           faults=self.faults,
                                           enable_prefix_caching=cache_config.enable_prefix_caching)
         self.max_model_len = max_model_len or config.max_model_len or 1 << 62
@@ -119,7 +120,7 @@ class Scheduler:
 
     def num_blocks_for(self, num_tokens: int, width: int = 1) -> tuple[int, int]:
         """(blocks ``width`` sequences of ``num_tokens`` tokens need, blocks in the whole cache)."""
-        bm = self.block_manager
+        bm = self.kv_cache_manager
         return width * bm.num_required_blocks(num_tokens), bm.num_total_blocks
 
     @property
@@ -135,8 +136,23 @@ class Scheduler:
 
     # ---- scheduling ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Choose the next step's batch within ``max_num_batched_tokens`` tokens.
+
+        In order: (1) the running sequences, oldest first, each gets its next chunk (one token
+        for a decode, up to the budget for a prefill); when its blocks do not fit, the latest
+        arrival is preempted (recompute: blocks freed, requeued at the front of ``waiting``)
+        until they do. (2) Only if nothing was preempted, waiting sequences join in arrival
+        order while the budget, ``max_num_seqs`` and the free blocks allow, after a prefix-cache
+        lookup. (3) If nothing could run because every running sequence is a beam waiting for
+        a sibling without blocks, all of them are preempted (no deadlock).
+
+        Returns the ``SchedulerOutput``: decodes first, then prefill chunks, with their block
+        tables, the copy-on-write pairs to apply first, and for each sequence whose prompt
+        ends with n > 1 samples still to fork, ``num_forks`` (the runner samples their first
+        tokens). An empty output means nothing can run now.
+        """
         self.step_counter += 1
-        self.block_manager.current_step = self.step_counter
+        self.kv_cache_manager.current_step = self.step_counter
         out = SchedulerOutput(step=self.step_counter)
         budget = self.config.max_num_batched_tokens
         decodes: list[ScheduledSequence] = []
@@ -150,7 +166,7 @@ class Scheduler:
                 i += 1
                 continue
             site = AllocationSite.PREFILL if seq.in_prefill else AllocationSite.DECODE_APPEND
-            while not self.block_manager.allocate_slots(seq, num_new, site):
+            while not self.kv_cache_manager.allocate_slots(seq, num_new, site):
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -168,14 +184,14 @@ class Scheduler:
             seq = self.waiting[0]
             # no cached prefix for a prompt whose logprobs are still missing: it is recomputed
             skip_cache = needs_prompt_logprobs(seq)
-            hits = [] if skip_cache else self.block_manager.find_prefix_hits(seq)
-            num_cached = len(hits) * self.block_manager.block_size
+            hits = [] if skip_cache else self.kv_cache_manager.find_prefix_hits(seq)
+            num_cached = len(hits) * self.kv_cache_manager.block_size
             num_new = min(seq.num_tokens - num_cached - seq.num_computed_tokens, budget)
-            if not self.block_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
+            if not self.kv_cache_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
                 break
             if seq.num_computed_tokens == 0 and not skip_cache:
-                self.block_manager.prefix_cache_queries += seq.num_tokens
-                self.block_manager.prefix_cache_hits += num_cached
+                self.kv_cache_manager.prefix_cache_queries += seq.num_tokens
+                self.kv_cache_manager.prefix_cache_hits += num_cached
             seq.num_computed_tokens += num_cached
             self.waiting.popleft()
             if seq.status is SequenceStatus.PREEMPTED:
@@ -198,9 +214,9 @@ class Scheduler:
             order = {rid: i for i, rid in enumerate(dict.fromkeys(s.request_id for s in self.waiting))}
             self.waiting = deque(sorted(self.waiting, key=lambda s: order[s.request_id]))
         out.scheduled = decodes + prefills
-        tables = self.block_manager.block_tables
+        tables = self.kv_cache_manager.block_tables
         out.block_tables = {item.seq.seq_id: tables[item.seq.seq_id] for item in out.scheduled}
-        out.blocks_to_copy = self.block_manager.take_pending_copies()
+        out.blocks_to_copy = self.kv_cache_manager.take_pending_copies()
         out.keep_logits = any(self.requests[item.seq.request_id].needs_logits
                               for item in out.scheduled if item.sample)
         for item in out.scheduled:  # n > 1: the runner samples the first token of every sample
@@ -212,9 +228,9 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, requeue at the front of the waiting queue."""
         if self.faults.active("leak-on-preempt"):
-            self.block_manager.block_tables.pop(seq.seq_id, None)  # planted: blocks forgotten, not freed
+            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)  # planted: blocks forgotten, not freed
         else:
-            self.block_manager.free(seq)
+            self.kv_cache_manager.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -238,7 +254,7 @@ class Scheduler:
             seq.num_computed_tokens += item.num_new_tokens
             if seq.num_output_tokens == 0:
                 self.prompt_tokens_total += item.num_new_tokens
-            self.block_manager.cache_full_blocks(seq)
+            self.kv_cache_manager.cache_full_blocks(seq)
         touched: dict[str, Request] = {}
         sampled = result.sampler_output
         for row, seq in enumerate(result.sampled_seqs):
@@ -279,7 +295,7 @@ class Scheduler:
         for child, generator in zip(children, forks.generators):
             if generator is not None:
                 child.generator = generator
-            self.block_manager.fork(parent, child)
+            self.kv_cache_manager.fork(parent, child)
             self.add_forked(child)
         for child, token, logprobs in zip(children, forks.sampled.token_ids, forks.sampled.logprobs):
             self._append_token(child, token, logprobs, now)
@@ -297,7 +313,7 @@ class Scheduler:
             extra = []
             for c in conts[1:]:  # fork before the parent takes its own token
                 child = parent.fork(req.next_index())
-                self.block_manager.fork(parent, child)
+                self.kv_cache_manager.fork(parent, child)
                 self.add_forked(child)
                 extra.append((child, c))
             for seq, c in ([(parent, conts[0])] if conts else []) + extra:
@@ -381,7 +397,7 @@ class Scheduler:
             if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
                 raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
                                    "raised before its blocks were released")
-            self.block_manager.free(seq)
+            self.kv_cache_manager.free(seq)
             req = self.requests[seq.request_id]
             req.live.remove(seq)
             if not req.live:

@@ -115,7 +115,7 @@ class Sequence:
     def fork(self, index: int) -> Sequence:
         """A child with the same tokens and progress (parallel sampling, beam search).
 
-        The caller shares the parent's KV blocks with it through ``BlockManager.fork``. A
+        The caller shares the parent's KV blocks with it through ``KVCacheManager.fork``. A
         seeded request gives child ``index`` the seed ``seed + index``.
         """
         child = Sequence(self.request_id, self.prompt, self.prompt_token_ids, self.sampling_params, self.origin,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vlite.engine.structured_output_params import CONSTRAINT_FIELDS, StructuredOutputsParams
+from vlite.engine.sampling_params import CONSTRAINT_FIELDS, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer

@@ -1,180 +1,34 @@
-"""KV-cache block manager: physical blocks, free block queue, block tables and the ledger.
+"""KVCacheManager: each sequence's block table over the ``BlockPool`` (vLLM V1's ``KVCacheManager``).
 
 Follows vLLM's paged KV cache (Kwon et al., "Efficient Memory Management for Large Language
 Model Serving with PagedAttention", SOSP 2023): the cache is cut into fixed-size physical
-blocks of ``block_size`` tokens; each sequence owns a block table mapping its logical blocks
-to physical ones; a block returns to the free block queue when its ref_count reaches 0.
+blocks of ``block_size`` tokens (``block_pool``); each sequence owns a block table mapping its
+logical blocks to physical ones.
 
-Every allocation is written to the ``BlockLedger`` (owner, site, step, time) and every free
-clears it, so a block still held when the engine is idle can be named by its owner.
+Every allocation is written to the ``BlockLedger`` (``ledger``: owner, site, step, time) and
+every free clears it, so a block still held when the engine is idle can be named by its owner.
 
 Sharing (ref_count > 1) comes from three places: prefix caching (a full block whose tokens and
 prefix match is reused; the key is a hash chained over the parent block's hash and the block's
 token ids, as in vLLM's automatic prefix caching, with token equality confirmed on a hit),
 fork (parallel sampling n > 1 and beam search: a child shares all its parent's blocks), and
-copy-on-write (the first write into a shared partial block copies it first). A freed block
-that holds a cached full block stays in the free queue as *evictable* until its slot is
-needed; it is counted in ``num_cached_blocks``, not in ``num_free_blocks`` nor in usage.
+copy-on-write (the first write into a shared partial block copies it first).
 """
 
 from __future__ import annotations
 
-import enum
 import time
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
+from collections import Counter
 
+from vlite.engine.core.block_pool import BlockPool, FreeBlockQueue
 from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.ledger import AllocationSite, BlockLedger, LedgerAnomaly, LedgerEntry, ReleaseRecord
 from vlite.engine.core.sequence import Sequence
 from vlite.engine.metrics import BlockStats
 
 
-class AllocationSite(str, enum.Enum):
-    """The code path that allocated a block (recorded in the ledger)."""
-
-    PREFILL = "prefill"
-    DECODE_APPEND = "decode append"
-    PREFIX_HIT = "prefix cache hit"
-    FORK = "fork"
-    COPY_ON_WRITE = "copy-on-write"
-
-
-class PhysicalBlock:
-    """One physical KV block: ``block_size`` token slots in every layer's K and V cache."""
-
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        # Set while the block holds a cached full block (prefix caching).
-        self.block_hash: int | None = None
-        self.token_ids: tuple[int, ...] | None = None
-
-
-class FreeBlockQueue:
-    """Free physical blocks in least-recently-freed-first order; O(1) popleft, append, remove."""
-
-    def __init__(self, block_ids: range) -> None:
-        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
-
-    def popleft(self) -> int:
-        return self._queue.popitem(last=False)[0]
-
-    def append(self, block_id: int) -> None:
-        self._queue[block_id] = None
-
-    def remove(self, block_id: int) -> None:
-        del self._queue[block_id]
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._queue
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One held (sequence, block) pair: who allocated it, where, when.
-
-    step: the engine step number at allocation; time: ``time.time()`` seconds.
-    """
-
-    block_id: int
-    seq_id: int
-    request_id: str
-    site: AllocationSite
-    step: int
-    time: float
-
-
-@dataclass(frozen=True)
-class LedgerAnomaly:
-    """A free the block manager could not account for (e.g. ref_count went below 0)."""
-
-    kind: str
-    block_id: int
-    seq_id: int
-    request_id: str
-    step: int
-    time: float
-
-
-@dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
-class ReleaseRecord:
-    """One released block reference, kept in the ledger's bounded release history.
-
-    ``entry`` is the ledger entry that was cleared (None when the reference had none: a
-    release the ledger cannot name). ``path`` is the code path that released it ("free" or
-    "copy-on-write"); ``seq_status`` and ``finish_reason`` are the releasing sequence's state
-    at that moment (a running sequence released by "free" is being preempted);
-    ``ref_count_after`` is the block's ref_count after the release. step: engine step;
-    time: ``time.time()`` seconds.
-    """
-
-    block_id: int
-    seq_id: int
-    request_id: str
-    entry: LedgerEntry | None
-    path: str
-    seq_status: str
-    finish_reason: str | None
-    num_preemptions: int
-    ref_count_after: int
-    step: int
-    time: float
-
-
-# Released ledger entries kept for attribution of blocks the ledger no longer names (a bounded,
-# documented history: it is not a leak that it is full at idle).
-RELEASE_HISTORY = 4096
-
-
-class BlockLedger:
-    """Allocation ledger: (seq_id, block_id) -> LedgerEntry for every block reference held,
-    plus a bounded history (``RELEASE_HISTORY`` entries) of released references."""
-
-    def __init__(self, enabled: bool = True, release_history: int = RELEASE_HISTORY) -> None:
-        self.enabled = enabled
-        self._held: dict[tuple[int, int], LedgerEntry] = {}
-        self._anomalies: list[LedgerAnomaly] = []
-        self.released: deque[ReleaseRecord] = deque(maxlen=release_history)
-
-    def record(self, entry: LedgerEntry) -> None:
-        if self.enabled:
-            self._held[(entry.seq_id, entry.block_id)] = entry
-
-    def clear(self, seq_id: int, block_id: int) -> LedgerEntry | None:
-        """Drop the entry of a released reference; returns it (None if there was none)."""
-        if self.enabled:
-            return self._held.pop((seq_id, block_id), None)
-        return None
-
-    def record_release(self, record: ReleaseRecord) -> None:
-        if self.enabled:
-            self.released.append(record)
-
-    def site_of(self, seq_id: int, block_id: int) -> AllocationSite | None:
-        entry = self._held.get((seq_id, block_id))
-        return entry.site if entry else None
-
-    def record_anomaly(self, anomaly: LedgerAnomaly) -> None:
-        self._anomalies.append(anomaly)
-
-    def held(self) -> list[LedgerEntry]:
-        """A copy of every entry still held, oldest first."""
-        return sorted(self._held.values(), key=lambda e: (e.step, e.time, e.block_id))
-
-    def anomalies(self) -> list[LedgerAnomaly]:
-        return list(self._anomalies)
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-
-class BlockManager:
-    """Owns the KV cache's physical blocks.
+class KVCacheManager:
+    """Owns the block tables over a ``BlockPool``: allocation, prefix hits, fork, copy-on-write, free.
 
     Args:
         num_blocks: physical blocks in the cache.
@@ -194,15 +48,13 @@ class BlockManager:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_total_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [PhysicalBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeBlockQueue(range(num_blocks))
+        self.block_pool = BlockPool(num_blocks)
+        self.blocks = self.block_pool.blocks  # read by the copy-on-write test and EngineView
         self.block_tables: dict[int, list[int]] = {}
         self.ledger = BlockLedger(enable_ledger)
         self.faults = faults or FaultSet()
         self.current_step = 0
         self.enable_prefix_caching = enable_prefix_caching
-        self.cached_blocks: dict[int, int] = {}  # block hash -> block id
-        self._num_evictable = 0  # blocks in the free queue that hold a cached block
         self._num_hashed: dict[int, int] = {}  # seq_id -> leading full blocks already registered
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.prefix_cache_queries = 0
@@ -219,23 +71,32 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     @property
+    def free_block_queue(self) -> FreeBlockQueue:
+        return self.block_pool.free_block_queue
+
+    @property
+    def cached_blocks(self) -> dict[int, int]:
+        """The prefix-cache hash index (block hash -> block id)."""
+        return self.block_pool.cached_blocks
+
+    @property
     def num_free_blocks(self) -> int:
         """Free blocks that hold nothing (cached-evictable ones are counted separately)."""
-        return len(self.free_block_queue) - self._num_evictable
+        return self.block_pool.num_free_blocks
 
     @property
     def num_cached_blocks(self) -> int:
         """Free blocks that still hold a cached full block (evictable, not leaked)."""
-        return self._num_evictable
+        return self.block_pool.num_evictable
 
     @property
     def num_allocatable_blocks(self) -> int:
         """Blocks an allocation may take: free plus evictable."""
-        return len(self.free_block_queue)
+        return self.block_pool.num_allocatable_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_total_blocks - len(self.free_block_queue)
+        return self.block_pool.num_used_blocks
 
     @property
     def kv_cache_usage(self) -> float:
@@ -261,7 +122,7 @@ class BlockManager:
 
     def ref_counts(self) -> list[int]:
         """ref_count of every physical block, indexed by block id (a copy)."""
-        return [b.ref_count for b in self.blocks]
+        return self.block_pool.ref_counts()
 
     def num_blocks_to_grow(self, seq: Sequence, num_new_tokens: int, num_prefix_hits: int = 0) -> int:
         """Blocks ``seq`` still needs for its next ``num_new_tokens`` tokens (after
@@ -294,9 +155,9 @@ class BlockManager:
         hits = []
         tokens = seq.all_token_ids
         for i in range((len(tokens) - 1) // self.block_size):
-            block_id = self.cached_blocks.get(self._block_hash(seq, i))
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
-            if block_id is None or self.blocks[block_id].token_ids != chunk:  # confirm on a hit
+            block_id = self.block_pool.get_cached_block(self._block_hash(seq, i), chunk)  # confirmed on a hit
+            if block_id is None:
                 break
             hits.append(block_id)
         return hits
@@ -328,11 +189,7 @@ class BlockManager:
         table = self.block_tables.setdefault(seq.seq_id, [])
         now = time.time()
         for block_id in hits:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                self.free_block_queue.remove(block_id)
-                self._num_evictable -= 1
-            block.ref_count += 1
+            self.block_pool.touch(block_id)
             table.append(block_id)
             self._record(block_id, seq, AllocationSite.PREFIX_HIT, now)
         if hits:
@@ -341,7 +198,7 @@ class BlockManager:
         if num_new_tokens and self._needs_copy_on_write(table, start):
             idx = start // self.block_size
             src = table[idx]
-            dst = self._pop_free_block()
+            dst = self.block_pool.pop_free_block()
             self.pending_copies.append((src, dst))
             table[idx] = dst
             self._release(src, seq, "copy-on-write")
@@ -349,22 +206,10 @@ class BlockManager:
             self.num_copy_on_write += 1
             num_new_blocks -= 1
         for _ in range(num_new_blocks):
-            block_id = self._pop_free_block()
+            block_id = self.block_pool.pop_free_block()
             table.append(block_id)
             self._record(block_id, seq, site, now)
         return True
-
-    def _pop_free_block(self) -> int:
-        """Take the least recently freed block, evicting its cached content if it has any."""
-        block = self.blocks[self.free_block_queue.popleft()]
-        if block.block_hash is not None:
-            self._num_evictable -= 1
-            if self.cached_blocks.get(block.block_hash) == block.block_id:
-                del self.cached_blocks[block.block_hash]
-            block.block_hash = None
-            block.token_ids = None
-        block.ref_count = 1
-        return block.block_id
 
     def _record(self, block_id: int, seq: Sequence, site: AllocationSite, now: float) -> None:
         self.allocations_by_site[site.value] += 1
@@ -383,13 +228,9 @@ class BlockManager:
             return
         tokens = seq.all_token_ids
         for i in range(done, full):
-            block = self.blocks[table[i]]
-            if block.block_hash is None:
-                h = self._block_hash(seq, i)
-                if h not in self.cached_blocks:  # identical content elsewhere: keep the first copy
-                    block.block_hash = h
-                    block.token_ids = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
-                    self.cached_blocks[h] = block.block_id
+            if self.blocks[table[i]].block_hash is None:  # identical content elsewhere: the pool keeps the first copy
+                self.block_pool.cache_block(table[i], self._block_hash(seq, i),
+                                            tuple(tokens[i * self.block_size:(i + 1) * self.block_size]))
         self._num_hashed[seq.seq_id] = max(done, full)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -444,18 +285,13 @@ class BlockManager:
         return len(table)
 
     def _release(self, block_id: int, seq: Sequence, path: str = "free") -> None:
-        block = self.blocks[block_id]
-        block.ref_count -= 1
+        ref_count = self.block_pool.release(block_id)
         entry = self.ledger.clear(seq.seq_id, block_id)
         if self.ledger.enabled:
             self.ledger.record_release(ReleaseRecord(
                 block_id, seq.seq_id, seq.request_id, entry, path, seq.status.value,
-                seq.finish_reason.value if seq.finish_reason else None, seq.num_preemptions, block.ref_count,
+                seq.finish_reason.value if seq.finish_reason else None, seq.num_preemptions, ref_count,
                 self.current_step, time.time()))
-        if block.ref_count == 0:
-            self.free_block_queue.append(block_id)
-            if block.block_hash is not None:
-                self._num_evictable += 1
-        elif block.ref_count < 0:
+        if ref_count < 0:
             self.ledger.record_anomaly(LedgerAnomaly("double free", block_id, seq.seq_id, seq.request_id,
                                                      self.current_step, time.time()))

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlite.engine.core.block_manager import AllocationSite, BlockManager
 from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.kv_cache_manager import KVCacheManager
+from vlite.engine.core.ledger import AllocationSite
 from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
 
@@ -17,7 +18,7 @@ def make_seq(n_prompt: int, rid: str = "r") -> Sequence:
 
 
 def test_allocate_maps_tokens_to_blocks_and_free_returns_them():
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = KVCacheManager(num_blocks=8, block_size=4)
     seq = make_seq(10)
     assert bm.can_allocate(seq, 10)
     assert bm.allocate(seq, 10)
@@ -33,7 +34,7 @@ def test_allocate_maps_tokens_to_blocks_and_free_returns_them():
 
 
 def test_append_slot_allocates_only_at_block_boundaries():
-    bm = BlockManager(num_blocks=4, block_size=4)
+    bm = KVCacheManager(num_blocks=4, block_size=4)
     seq = make_seq(4)
     bm.allocate(seq, 4)
     seq.num_computed_tokens = 4
@@ -47,7 +48,7 @@ def test_append_slot_allocates_only_at_block_boundaries():
 
 
 def test_allocation_is_all_or_nothing():
-    bm = BlockManager(num_blocks=3, block_size=4)
+    bm = KVCacheManager(num_blocks=3, block_size=4)
     a, b = make_seq(8, "a"), make_seq(8, "b")
     assert bm.allocate(a, 8)
     assert not bm.can_allocate(b, 8)
@@ -56,7 +57,7 @@ def test_allocation_is_all_or_nothing():
 
 
 def test_double_free_fault_is_recorded_as_anomaly():
-    bm = BlockManager(num_blocks=4, block_size=4, faults=FaultSet(["double-free"]))
+    bm = KVCacheManager(num_blocks=4, block_size=4, faults=FaultSet(["double-free"]))
     seq = make_seq(6)
     bm.allocate(seq, 6)
     bm.free(seq)
@@ -74,7 +75,7 @@ def test_unknown_fault_name_is_rejected():
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "grow", "free"]), st.integers(0, 5), st.integers(1, 20)),
                 max_size=60))
 def test_random_alloc_free_keeps_accounting(ops):
-    bm = BlockManager(num_blocks=12, block_size=4)
+    bm = KVCacheManager(num_blocks=12, block_size=4)
     seqs = [make_seq(1, f"s{i}") for i in range(6)]
     for op, i, n in ops:
         seq = seqs[i]
