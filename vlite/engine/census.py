@@ -26,7 +26,7 @@ import collections
 import gc
 import types
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -40,9 +40,11 @@ class HeldRequestState:
     """One container that still holds ended requests.
 
     path: attribute path from a root to the container (``engine.output_processor.holdback``);
-    kind: ``"key"`` | ``"value"`` | ``"element"`` | ``"attribute"``, how the ids are held;
+    kind: ``"key"`` | ``"value"`` | ``"element"`` | ``"attribute"`` (joined by ``+`` when a
+    map holds them as both, e.g. ``"key+value"``), how the ids are held;
     container_type: the container's type name; request_ids: the ended requests it holds (sorted,
-    at most ``max_ids_per_container``); num_entries: how many entries hold ended requests.
+    at most ``max_ids_per_container``); num_entries: how many entries hold ended requests
+    (the most of any one kind).
     """
 
     path: str
@@ -58,12 +60,16 @@ class HeldRequestState:
 
 @dataclass(frozen=True)
 class CensusResult:
-    """The census of one idle point: the containers found, objects visited, and whether the
-    walk stopped at ``max_objects`` (then some containers may be missing)."""
+    """The census of one idle point: the containers found, objects visited, whether the walk
+    stopped at ``max_objects`` (then some containers may be missing), and the size (entries) of
+    every non-empty container reached, by path: a host-memory leak that holds no request id (a
+    list of block ids growing per allocation, vllm#44175) shows as a container that keeps growing
+    from one idle point to the next (``diagnostics/host_memory.py``)."""
 
     held: tuple[HeldRequestState, ...]
     objects_visited: int
     truncated: bool
+    container_sizes: Mapping[str, int] = field(default_factory=dict)  # path -> entries, every non-empty container
 
     @property
     def num_requests_held(self) -> int:
@@ -72,7 +78,7 @@ class CensusResult:
 
     def to_dict(self) -> dict:
         return {"held": [h.to_dict() for h in self.held], "objects_visited": self.objects_visited,
-                "truncated": self.truncated}
+                "truncated": self.truncated}  # sizes are per idle point: kept there, not in the report
 
 
 class _Match:
@@ -162,7 +168,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
     match = _Match(frozenset(ended), seq_id_type, frozenset(live_seq_ids), dict(seq_names or {}))
     skipped = {id(o) for o in skip}
     seen: set[int] = set(skipped)
-    hits: dict[tuple[str, str], tuple[str, list[str]]] = {}  # (path, kind) -> (type, ids)
+    hits: dict[str, tuple[str, dict[str, list[str]]]] = {}  # path -> (type, kind -> ids)
     stack: list[tuple[str, object]] = []
     for name, root in roots.items():
         if root is not None and id(root) not in seen:
@@ -170,12 +176,16 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
             stack.append((name, root))
     visited = 0
     truncated = False
+    sizes: dict[str, int] = {}
     while stack:
         if visited >= max_objects:
             truncated = True
             break
         path, obj = stack.pop()
         visited += 1
+        if isinstance(obj, (dict, list, set, frozenset, collections.deque, tuple)) and len(obj) and \
+                not isinstance(obj, tuple):
+            sizes[path] = len(obj)
         for suffix, kind, child in _children(obj):
             rid = match(child)
             if rid is None and kind == "key" and isinstance(child, tuple):
@@ -186,8 +196,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
                 where = path + suffix if kind == "attribute" else path
                 if kind == "attribute" and match(obj) is not None:
                     continue  # the object is itself an ended request's: reported where it is held
-                key = (where, kind)
-                hits.setdefault(key, (type(obj).__name__, []))[1].append(rid)
+                hits.setdefault(where, (type(obj).__name__, {}))[1].setdefault(kind, []).append(rid)
                 continue
             if isinstance(child, _ATOMS) or isinstance(child, _OPAQUE) or _is_tensor(child):
                 continue
@@ -196,7 +205,31 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
             seen.add(id(child))
             stack.append((path + suffix, child))
     held = []
-    for (where, kind), (tname, ids) in sorted(hits.items()):
-        uniq = sorted(set(ids))
-        held.append(HeldRequestState(where, kind, tname, tuple(uniq[:max_ids_per_container]), len(ids)))
-    return CensusResult(tuple(held), visited, truncated)
+    for where, (tname, by_kind) in sorted(hits.items()):
+        uniq = sorted({rid for ids in by_kind.values() for rid in ids})
+        held.append(HeldRequestState(where, "+".join(sorted(by_kind)), tname, tuple(uniq[:max_ids_per_container]),
+                                     max(len(ids) for ids in by_kind.values())))
+    return CensusResult(tuple(held), visited, truncated, sizes)
+
+
+def module_roots(prefixes: tuple[str, ...] = ("vlite.engine", "vlite.kernels", "vlite.entrypoints")) -> dict[str, object]:
+    """Module-level and class-level containers of the loaded modules under ``prefixes`` (not the
+    leak checker's own), as census
+    roots named by their dotted path (``vlite.engine.sampler._CACHE``): state that no instance
+    holds (a module cache, a class-level registry) is reached too."""
+    import sys
+
+    roots: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefixes) or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and value.__module__ == name:
+                for cattr, cvalue in list(vars(value).items()):
+                    if cattr.startswith("_") and cattr.endswith("_"):
+                        continue  # dunders, dataclass fields, Enum tables: the class's own machinery
+                    if isinstance(cvalue, (dict, list, set, collections.deque)):
+                        roots[f"{name}.{attr}.{cattr}"] = cvalue
+            elif isinstance(value, (dict, list, set, collections.deque)) and not attr.startswith("__"):
+                roots[f"{name}.{attr}"] = value
+    return roots

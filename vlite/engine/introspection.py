@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
-from vlite.engine.census import CensusResult, request_census
+from vlite.engine.census import CensusResult, module_roots, request_census
 from vlite.engine.metrics import EngineStats
 from vlite.engine.request import RequestRecord
 from vlite.engine.sequence import RequestOrigin, SeqId, Sequence
@@ -280,7 +280,9 @@ class EngineView:
     def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
                        max_objects: int = 500_000) -> CensusResult:
         """Every container reachable from the engine (and the async engine serving it, and
-        ``extra_roots``) that still holds an ended request's id, object or sequence id.
+        ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
+        and server modules) that still holds an ended request's id, object or sequence id; with
+        the size of every container reached (``CensusResult.container_sizes``).
 
         Call it at an idle point: a sequence id that is not live counts as ended. The bounded
         histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
@@ -294,7 +296,8 @@ class EngineView:
         if self._async is not None:
             roots["async_engine"] = self._async
         roots.update(extra_roots or {})
-        return request_census(roots, ended_request_ids, skip=[sched.finished_records, bm.ledger.released],
+        roots.update(module_roots())
+        return request_census(roots, ended_request_ids, skip=[sched.finished_records, bm.ledger.released, bm.cached_blocks],
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:
