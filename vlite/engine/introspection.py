@@ -40,9 +40,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
+from vlite.engine.census import CensusResult, module_roots, request_census
 from vlite.engine.core.ledger import LedgerAnomaly, ReleaseRecord
 from vlite.engine.core.request import RequestRecord
-from vlite.engine.core.sequence import RequestOrigin, Sequence
+from vlite.engine.core.sequence import RequestOrigin, SeqId, Sequence
 from vlite.engine.metrics import EngineStats
 
 # Registry name -> what it holds; empty at idle.
@@ -276,6 +277,29 @@ class EngineView:
     def request_tokens(self, request_id: str) -> int:
         """Output tokens of a live request now: the most of any of its live sequences (0 if none)."""
         return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
+
+    def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
+                       max_objects: int = 500_000) -> CensusResult:
+        """Every container reachable from the engine (and the async engine serving it, and
+        ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
+        and server modules) that still holds an ended request's id, object or sequence id; with
+        the size of every container reached (``CensusResult.container_sizes``).
+
+        Call it at an idle point: a sequence id that is not live counts as ended. The bounded
+        histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
+        docs/leak-check.md), so never call it inside a step. See ``census.request_census``.
+        """
+        sched = self._engine.scheduler
+        bm = sched.kv_cache_manager
+        live = self._live_sequences()
+        names = {sid: rec.origin.request_id for sid, rec in list(sched.finished_records.items())}
+        roots = {"engine": self._engine}
+        if self._loop is not None:
+            roots["async_engine"] = self._loop
+        roots.update(extra_roots or {})
+        roots.update(module_roots())
+        return request_census(roots, ended_request_ids, skip=[sched.finished_records, bm.ledger.released, bm.cached_blocks],
+                              seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""
