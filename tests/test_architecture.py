@@ -221,7 +221,7 @@ _FLOORS = [
     ("vlite.engine.core",),
     ("vlite.engine.worker",),
     ("vlite.engine.outputs", "vlite.engine.output_processor", "vlite.engine.protocol", "vlite.engine.arg_utils",
-     "vlite.engine.introspection", "vlite.engine.llm_engine"),
+     "vlite.engine.census", "vlite.engine.introspection", "vlite.engine.llm_engine"),
     ("vlite.engine.serving",),
     ("vlite.engine",),
     ("vlite.bench", "vlite.diagnostics", "vlite.entrypoints"),
