@@ -130,7 +130,7 @@ def build_model(workdir: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import build_tiny_model_dir
 
-    from vlite.diagnostics.all_paths import CHAT_MESSAGES
+    from vlite.diagnostics.workload.all_paths import CHAT_MESSAGES
     from vlite.engine.config import CacheConfig, EngineConfig
     from vlite.engine.llm_engine import LLMEngine
     from vlite.engine.sampling_params import SamplingParams

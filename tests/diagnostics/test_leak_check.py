@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import make_engine
 
-from vlite.diagnostics.actions import ClientAction
 from vlite.diagnostics.run import run_in_process
-from vlite.diagnostics.workload import RequestSpec, synthetic_prompt, synthetic_workload
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt, synthetic_workload
 
 
 def _mixed():

@@ -139,7 +139,7 @@ class TestTwoRanks:
 
     def test_leak_check_under_tp_is_clean_and_samples_every_worker(self, tp2_engine):
         from vlite.diagnostics.run import run_in_process
-        from vlite.diagnostics.workload import synthetic_workload
+        from vlite.diagnostics.workload.sources import synthetic_workload
 
         specs = synthetic_workload(12, input_len=(8, 30), output_len=(4, 10), abort_rate=0.5, abort_mode="mix", seed=3)
         run = run_in_process(tp2_engine, specs, max_concurrency=8, idle_every=4, sample_interval_s=0.05)

@@ -1,6 +1,6 @@
 """One leak-check run: replay a workload while sampling, drain, snapshot, detect.
 
-``run_in_process`` drives an LLMEngine in this process; ``vlite.diagnostics.http_target``
+``run_in_process`` drives an LLMEngine in this process; ``vlite.diagnostics.targets.http``
 does the same against a running ``vlite serve``.
 """
 
@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from vlite.diagnostics import snapshot
-from vlite.diagnostics.client import InProcessClient, ReplayResult
-from vlite.diagnostics.detect import Findings, detect
-from vlite.diagnostics.host_memory import anon_swap_bytes, host_memory_check
-from vlite.diagnostics.samplers import MemoryProbe, Sampler, view_block_stats
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.detect import Findings, detect
+from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
+from vlite.diagnostics.targets.inprocess import InProcessClient, ReplayResult
+from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
+from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient
 
 
@@ -40,8 +40,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
     coverage counts are taken from after the calibration.
     """
-    from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
-    from vlite.diagnostics.registries import sizes_source
+    from vlite.diagnostics.checks.registries import sizes_source
+    from vlite.diagnostics.workload.calibrate import calibrate, engine_greedy, needs_calibration
     from vlite.engine import EngineView
 
     view = EngineView(engine)

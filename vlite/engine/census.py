@@ -64,7 +64,7 @@ class CensusResult:
     stopped at ``max_objects`` (then some containers may be missing), and the size (entries) of
     every non-empty container reached, by path: a host-memory leak that holds no request id (a
     list of block ids growing per allocation, vllm#44175) shows as a container that keeps growing
-    from one idle point to the next (``diagnostics/host_memory.py``)."""
+    from one idle point to the next (``diagnostics/checks/host_memory.py``)."""
 
     held: tuple[HeldRequestState, ...]
     objects_visited: int

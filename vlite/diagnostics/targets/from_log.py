@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from vlite.diagnostics.blackbox import BlackboxResult
-from vlite.diagnostics.client import IdlePoint, ReplayResult
-from vlite.diagnostics.detect import trough_trend
+from vlite.diagnostics.checks.detect import trough_trend
+from vlite.diagnostics.targets.blackbox import BlackboxResult
+from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult
 
 _STATS = re.compile(r"Running: (?P<running>\d+) reqs?, (?:Swapped: \d+ reqs?, )?(?:Waiting|Pending): "
                     r"(?P<waiting>\d+) reqs?, (?:(?:GPU|CPU|XPU|TPU) )?KV cache usage: (?P<usage>[\d.]+)%")

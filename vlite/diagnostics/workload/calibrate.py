@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient
 
 # A greedy run: (spec, max_tokens) -> (output token ids, text of the first i tokens for i in 0..n).
@@ -64,7 +64,7 @@ def calibrate(specs: list[RequestSpec], greedy: GreedyFn) -> list[RequestSpec]:
 def engine_greedy(engine: EngineClient) -> GreedyFn:
     """Greedy runs on an in-process engine, driven through ``EngineClient`` only (chat prompts
     rendered as the client renders them)."""
-    from vlite.diagnostics.client import render_prompt
+    from vlite.diagnostics.targets.inprocess import render_prompt
     from vlite.engine import RequestOrigin, SamplingParams
 
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:

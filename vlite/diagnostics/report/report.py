@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,31 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-REPORT_VERSION = 1
+from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
+
 _BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path",
                "evidence")
 _REQ_COLS = ("request_id", "client_action", "finish_reason", "blocks", "sites", "step", "age_s", "suspected_path")
-
-
-def _trend_line(t) -> str:
-    unit = "blocks" if t.metric == "num_used_blocks" else "bytes"
-    if t.slope is None:
-        return f"{t.metric}: {t.n} idle points (need 3 for a trend)"
-    if unit == "blocks":
-        tag = "  [RISING]" if t.rising else ""
-    else:  # said whether it rises or not: a flat RSS does not clear a run any more than a rising one fails it
-        tag = ("  [rising; informational: allocator warm-up and caches also grow RSS, the verdict rests on blocks]"
-               if t.rising else "  [informational: the verdict rests on blocks]")
-    if unit == "blocks":
-        slope = f"{t.slope:.4g} blocks/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g})"
-        levels = f"baseline {t.baseline:.6g} -> last {t.last:.6g}"
-    else:  # bytes read as KiB per request and MiB levels
-        slope = f"{t.slope / 1024:.1f} KiB/request (95% CI {t.ci95[0] / 1024:.1f} .. {t.ci95[1] / 1024:.1f})"
-        levels = f"baseline {t.baseline / 2**20:.1f} MiB -> last {t.last / 2**20:.1f} MiB"
-    name = "used blocks" if unit == "blocks" else "process RSS"
-    flat = t.slope == 0 and t.ci95[0] == t.ci95[1] == 0  # no variance: R^2 says nothing
-    fit = "flat at every idle point" if flat else f"R^2 {t.r2:.2f}"
-    return f"{name} ({t.metric}) at idle troughs: slope {slope}, {fit}, {t.n} idle points, {levels}" + tag
 
 
 def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
@@ -94,7 +73,7 @@ def print_report(run, console: Console | None = None) -> None:
             console.print(_table("Bounded histories out of bounds", f.registries["over_bound"],
                                  ("history", "size", "bound", "problem")))
     for t in f.trends:
-        console.print(_trend_line(t), highlight=False, markup=False)
+        console.print(trend_line(t), highlight=False, markup=False)
     for line in extra_lines(f):
         style = "yellow" if line.startswith(("not exercised", "ZOMBIE", "HOST-LEAK")) else None
         console.print(line, highlight=False, markup=False, style=style)
@@ -104,7 +83,7 @@ def print_report(run, console: Console | None = None) -> None:
 
 def extra_lines(f) -> list[str]:
     """Coverage, zombie and registry lines (console and report.md)."""
-    from vlite.diagnostics import coverage, host_memory, zombie
+    from vlite.diagnostics.checks import coverage, host_memory, zombie
 
     out = coverage.lines(f.coverage) + zombie.lines(f.zombies) + host_memory.lines(f.host_memory)
     if f.registries:
@@ -130,52 +109,40 @@ def report_dict(run) -> dict:
             "idle_points": [asdict(p) for p in run.replay.idle_points]}
 
 
-def _md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
-    if not rows:
-        return "_none_\n"
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows[:limit]:
-        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)).replace("|", "/") for c in cols)
-                     + " |")
-    if len(rows) > limit:
-        lines.append(f"\n{len(rows) - limit} more rows in report.json")
-    return "\n".join(lines) + "\n"
-
-
 def report_markdown(run, plots: list[str]) -> str:
     f, info = run.findings, run.info
     d = f.drain
     verdict = f.verdict
     out = [f"# vlite leak-check report\n\n**{verdict}**{f.summary().removeprefix(verdict)}\n",
-           "## Run\n", _md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
+           "## Run\n", md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
            "## Drain invariant (at quiescence)\n",
            (f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "
            f"mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess frees "
            f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n"),
-           "## Trend (troughs at idle points)\n", "\n".join(f"- {_trend_line(t)}" for t in f.trends) + "\n",
+           "## Trend (troughs at idle points)\n", "\n".join(f"- {trend_line(t)}" for t in f.trends) + "\n",
            "## Coverage, zombie requests, registries\n", "\n".join(f"- {line}" for line in extra_lines(f)) + "\n",
            "## Unattributed blocks (not free at idle, no ledger entry)\n",
-           _md_table(f.unattributed, ("block_id", "ref_count", "evidence")),
+           md_table(f.unattributed, ("block_id", "ref_count", "evidence")),
            "## Zombie requests (outlived their clients)\n",
-           _md_table((f.zombies or {}).get("zombies", []), ("request_id", "client_action", "outlived_s",
+           md_table((f.zombies or {}).get("zombies", []), ("request_id", "client_action", "outlived_s",
                                                             "outlived_steps", "tokens_after_leaving")),
            "## Per-request registries not empty at idle\n",
-           _md_table((f.registries or {}).get("leftover", []) + (f.registries or {}).get("over_bound", []),
+           md_table((f.registries or {}).get("leftover", []) + (f.registries or {}).get("over_bound", []),
                      ("registry", "history", "entries", "size", "bound", "holds")),
            "## Ended requests still held (request-id census)\n",
-           _md_table((f.census or {}).get("held", []), ("path", "kind", "num_entries", "request_ids",
+           md_table((f.census or {}).get("held", []), ("path", "kind", "num_entries", "request_ids",
                                                         "client_actions")),
-           "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
+           "## Leaked blocks by client action\n", md_table(f.by_action, ("action_kind", "blocks", "references",
                                                                           "requests")),
-           "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),
-           "## Leaked blocks by owner request\n", _md_table(f.by_request, _REQ_COLS),
-           "## Blocks still held\n", _md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
-           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
+           "## Leaked blocks by allocation site\n", md_table(f.by_site, ("site", "blocks", "references", "requests")),
+           "## Leaked blocks by owner request\n", md_table(f.by_request, _REQ_COLS),
+           "## Blocks still held\n", md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
+           "## Ledger anomalies\n", md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
            "## CPU-side state\n", "Orphan block tables:\n\n",
-           _md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
+           md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
                                                           "finish_reason")),
            "\nPer-request entries left behind:\n\n",
-           _md_table(f.cpu_state["leftover_requests"], ("request_id", "state", "client_action", "client_outcome")),
+           md_table(f.cpu_state["leftover_requests"], ("request_id", "state", "client_action", "client_outcome")),
            "## Notes\n", "\n".join(f"- {n}" for n in f.notes) or "_none_", "\n\n## Plots\n",
            "\n".join(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(out)
@@ -187,15 +154,7 @@ def write_report(run, out_dir: Path) -> Path:
     Raises:
         OSError: the directory cannot be created or written.
     """
-    from vlite.diagnostics.plots import write_plots
+    from vlite.diagnostics.report.plots import write_plots
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report_dict(run), indent=2, default=str))
-    run.samples.to_csv(out_dir / "samples.csv", index=False)
-    plots = write_plots(run, out_dir)
-    (out_dir / "report.md").write_text(report_markdown(run, plots))
-    from vlite.diagnostics.html_report import write_html
-
-    write_html(out_dir, (out_dir / "report.md").read_text())  # one file, plots embedded
-    return out_dir
+    return write_report_dir(out_dir, report_dict(run), run.samples, lambda d: write_plots(run, d),
+                            lambda plots: report_markdown(run, plots))

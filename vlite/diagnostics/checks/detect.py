@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from vlite.diagnostics.client import IdlePoint, RequestResult
-from vlite.diagnostics.snapshot import Snapshot
+from vlite.diagnostics.checks.snapshot import Snapshot
+from vlite.diagnostics.targets.inprocess import IdlePoint, RequestResult
 
 
 @dataclass
@@ -246,7 +246,7 @@ def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdleP
     shows the difference); ``zombie_options``: threshold_s / threshold_steps / gauge_lag_s
     for ``zombie.zombie_check``.
     """
-    from vlite.diagnostics import coverage, evidence, registries, zombie
+    from vlite.diagnostics.checks import coverage, evidence, registries, zombie
 
     plan = {r.request_id: r for r in results}
     drain = drain_check(snap)

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import random
 
-from vlite.diagnostics.actions import ClientAction, plan_action
-from vlite.diagnostics.workload import (
+from vlite.diagnostics.workload.actions import ClientAction, plan_action
+from vlite.diagnostics.workload.sources import (
     RequestSpec,
     seeded_arrivals,
     shared_prefix,

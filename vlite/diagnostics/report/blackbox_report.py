@@ -19,14 +19,14 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
-from vlite.diagnostics.blackbox import BlackboxResult, action_text
-from vlite.diagnostics.report import REPORT_VERSION, _md_table, _trend_line
+from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
+from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
 
 MIB = 1 << 20
 
 
 def _fmt_trend(t) -> str:
-    return _trend_line(t).replace("num_used_blocks", "kv_used")
+    return trend_line(t).replace("num_used_blocks", "kv_used")
 
 
 def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
@@ -121,18 +121,18 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
            for r in res.fit]
     out = [f"# vlite leak-check report ({res.source}: {res.server_kind})\n", f"**{res.verdict}**: "
            f"{res.summary.split(': ', 1)[-1]}\n", "## Run\n",
-           _md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
+           md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
            "## Drain (KV used at idle, after a 1-token probe)\n",
            f"unit: {res.unit}; block_size: {res.block_size} (read from the server); pool: {res.kv_total}; "
            f"baseline {res.baseline} -> final {res.final} (residual {res.residual})\n",
-           _md_table(res.probes, ("after", "request_id", "status", "kv_used_before", "kv_used_after"), 50),
+           md_table(res.probes, ("after", "request_id", "status", "kv_used_before", "kv_used_after"), 50),
            "## Trend (troughs at idle points)\n", "\n".join(f"- {_fmt_trend(t)}" for t in res.trends) + "\n",
            "## Suspects (black-box attribution)\n",
-           _md_table(suspects, ("client_action", unit_key, "ci95", "requests_sent", "request_ids")),
+           md_table(suspects, ("client_action", unit_key, "ci95", "requests_sent", "request_ids")),
            "\nFit of the residual increments per wave on the per-wave action counts (non-negative least squares, "
            "95% bootstrap interval over waves):\n\n",
-           _md_table(fit, ("client_action", "per_request", "ci95", "requests")),
-           "\n## Bisection\n", _md_table(res.bisection, ("suspect", "tested", "leaked", "delta"), 50)]
+           md_table(fit, ("client_action", "per_request", "ci95", "requests")),
+           "\n## Bisection\n", md_table(res.bisection, ("suspect", "tested", "leaked", "delta"), 50)]
     if res.reproducer:
         out += ["\n## Reproducer\n", "`reproducer.jsonl` in this directory replays the minimal set:\n\n",
                 f"```\nvlite leak-check --url {base} --workload reproducer.jsonl --blackbox\n```\n\n",
@@ -140,7 +140,7 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
                 "\n".join(curl_command(s, base) for s in res.reproducer), "\n```\n"]
     if res.process_tree:
         out += ["\n## Server process tree (last sample)\n",
-                _md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]
+                md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]
     out += ["\n## Notes\n", "\n".join(f"- {n}" for n in res.notes) or "_none_", "\n\n## Plots\n",
             "\n".join(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(out)
@@ -244,18 +244,14 @@ def write_blackbox_report(res: BlackboxResult, out_dir: Path) -> Path:
     Raises:
         OSError: the directory cannot be created or written.
     """
-    from vlite.diagnostics.html_report import write_html
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report_dict(res), indent=2, default=str))
-    res.samples.to_csv(out_dir / "samples.csv", index=False)
     plots = {"usage.png": plot_usage, "memory.png": plot_memory, "troughs.png": plot_troughs, "attribution.png": plot_fit}
-    for name, fn in plots.items():
-        fn(res, out_dir / name)
-    if res.reproducer:
-        (out_dir / "reproducer.jsonl").write_text("".join(json.dumps(_trace_row(s)) + "\n" for s in res.reproducer))
-    md = report_markdown(res, list(plots))
-    (out_dir / "report.md").write_text(md)
-    write_html(out_dir, md, f"vlite leak-check: {res.verdict}")
-    return out_dir
+
+    def write_plots(d: Path) -> list[str]:
+        for name, fn in plots.items():
+            fn(res, d / name)
+        return list(plots)
+
+    extra = ({"reproducer.jsonl": "".join(json.dumps(_trace_row(s)) + "\n" for s in res.reproducer)}
+             if res.reproducer else None)
+    return write_report_dir(out_dir, report_dict(res), res.samples, write_plots,
+                            lambda names: report_markdown(res, names), f"vlite leak-check: {res.verdict}", extra)

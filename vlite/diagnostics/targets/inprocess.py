@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
 
 ROUTE = "leak-check"

@@ -15,13 +15,13 @@ import time
 
 import httpx
 
-from vlite.diagnostics import snapshot
-from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
-from vlite.diagnostics.detect import detect
+from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.run import RunResult
-from vlite.diagnostics.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.targets.process import listening_pid
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
 
@@ -114,8 +114,8 @@ def http_greedy(base: str, client: httpx.Client):
     return run
 
 
-async def _one(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
-               extra_body: dict | None = None) -> None:
+async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
+                       extra_body: dict | None = None) -> None:
     """Send one completion request and carry out its client action.
 
     ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as given.
@@ -234,7 +234,7 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
     async def launch(spec: RequestSpec) -> None:
         await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
         async with sem:
-            await _one(base, spec, results[spec.request_id])
+            await send_request(base, spec, results[spec.request_id])
 
     async with httpx.AsyncClient(timeout=10.0) as admin:
         await _wait_idle(base, admin)
@@ -254,7 +254,7 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
     return out
 
 
-def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
+def wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
     """Wait (bounded) for ``/health`` to answer 200: the server may still be loading its model
     (503, or a timeout). Anything that waiting cannot fix fails at once: a URL that is not
     http(s), a 4xx other than 429 (no health route here: not an LLM server's root URL), or a
@@ -292,14 +292,14 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     """
     base = url.rstrip("/")
     sync = httpx.Client(timeout=10.0)
-    _wait_ready(base, sync)
+    wait_ready(base, sync)
     source = metrics_block_stats(base, sync)
     try:
         source()
     except (httpx.HTTPError, KeyError, ValueError) as exc:
         raise TargetError(f"{base}/metrics is not a vlite server's metrics page: {type(exc).__name__}: {exc}") from exc
-    from vlite.diagnostics import coverage
-    from vlite.diagnostics.calibrate import calibrate, needs_calibration
+    from vlite.diagnostics.checks import coverage
+    from vlite.diagnostics.workload.calibrate import calibrate, needs_calibration
 
     if needs_calibration(specs):
         specs = calibrate(specs, http_greedy(base, sync))

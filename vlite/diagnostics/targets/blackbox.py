@@ -33,15 +33,15 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from vlite.diagnostics.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
-from vlite.diagnostics.client import IdlePoint, ReplayResult, RequestResult
-from vlite.diagnostics.detect import Trend, trough_trend
-from vlite.diagnostics.http_target import TargetError, _one, _wait_ready
-from vlite.diagnostics.samplers import Sampler
+from vlite.diagnostics.checks.detect import Trend, trough_trend
 from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
+from vlite.diagnostics.targets.http import TargetError, send_request, wait_ready
+from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.targets.samplers import Sampler
+from vlite.diagnostics.workload.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
+from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_SCRAPES = 3  # consecutive idle scrapes that make an idle point
 SCRAPE_PERIOD_S = 0.1
@@ -95,7 +95,7 @@ def connect(url: str, server_kind: str = "auto", api_key: str | None = None, rea
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     client = httpx.Client(timeout=10.0)
-    _wait_ready(base, client, timeout_s=ready_timeout_s)
+    wait_ready(base, client, timeout_s=ready_timeout_s)
     try:
         r = client.get(f"{base}/metrics", headers=headers)
     except httpx.HTTPError as exc:
@@ -282,7 +282,7 @@ class _Driver:
 
         async def launch(spec: RequestSpec) -> None:
             async with sem:
-                await _one(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
+                await send_request(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
 
         try:
             await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), max(0.1, timeout_s))

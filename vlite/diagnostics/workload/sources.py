@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vlite.diagnostics.actions import ClientAction, plan_action
+from vlite.diagnostics.workload.actions import ClientAction, plan_action
 
 # Common English words that are one token each in Llama-style BPE vocabularies (with a leading
 # space), so that a synthetic prompt of n words is close to n tokens.
