@@ -224,7 +224,11 @@ _FLOORS = [
      "vlite.engine.census", "vlite.engine.introspection", "vlite.engine.llm_engine"),
     ("vlite.engine.serving",),
     ("vlite.engine",),
-    ("vlite.bench", "vlite.diagnostics", "vlite.entrypoints"),
+    ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload"),
+    ("vlite.diagnostics.checks",),
+    ("vlite.diagnostics.targets",),
+    ("vlite.diagnostics.report", "vlite.diagnostics.run"),
+    ("vlite.diagnostics.scenarios", "vlite.diagnostics"),
     ("vlite.cli",),
 ]
 

@@ -9,8 +9,8 @@ import pytest
 
 from vlite.diagnostics.checks.detect import drain_check, trough_trend
 from vlite.diagnostics.checks.snapshot import Snapshot, from_debug_blocks
-from vlite.diagnostics.targets.inprocess import IdlePoint
 from vlite.diagnostics.workload.actions import ABORT_KINDS, ClientAction, plan_action
+from vlite.diagnostics.workload.replay import IdlePoint
 from vlite.diagnostics.workload.sources import WorkloadError, jsonl_workload, sharegpt_workload, synthetic_workload
 
 

@@ -224,7 +224,7 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
 
     from vlite.diagnostics.checks.detect import RSS_THRESHOLD_BYTES_PER_REQUEST, rss_trend
     from vlite.diagnostics.report.writer import trend_line
-    from vlite.diagnostics.targets.inprocess import IdlePoint
+    from vlite.diagnostics.workload.replay import IdlePoint
 
     warm = [IdlePoint(0, 0, 0, 100_000_000), IdlePoint(0, 10, 0, 180_000_000)] + \
         [IdlePoint(0, 10 * i, 0, 200_000_000 + 100 * i) for i in range(2, 7)]
@@ -269,7 +269,7 @@ def test_cli_report_has_coverage_and_says_unattributed(tiny_model_dir, tmp_path)
 
 def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_gauge():
     from vlite.diagnostics.checks.zombie import zombie_check
-    from vlite.diagnostics.targets.inprocess import RequestResult
+    from vlite.diagnostics.workload.replay import RequestResult
 
     def left(rid, t, step, tokens):
         r = RequestResult(rid, "abort-after-tokens", "abort after 2 tokens", 0.0, outcome="aborted", abort_time=t)

@@ -8,27 +8,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-
-import pandas as pd
 
 from vlite.diagnostics.checks import snapshot
-from vlite.diagnostics.checks.detect import Findings, detect
+from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
-from vlite.diagnostics.targets.inprocess import InProcessClient, ReplayResult
+from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.targets.inprocess import InProcessClient
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient
-
-
-@dataclass
-class RunResult:
-    """A finished run: findings, samples (DataFrame), the client's results and run facts."""
-
-    findings: Findings
-    samples: pd.DataFrame
-    replay: ReplayResult
-    info: dict = field(default_factory=dict)
 
 
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vlite.diagnostics.run import RunResult, run_in_process
+from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.run import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from vlite.diagnostics.checks.snapshot import Snapshot
-from vlite.diagnostics.targets.inprocess import IdlePoint, RequestResult
+from vlite.diagnostics.workload.replay import IdlePoint, RequestResult
 
 
 @dataclass

@@ -36,11 +36,11 @@ import pandas as pd
 from vlite.diagnostics.checks.detect import Trend, trough_trend
 from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.http import TargetError, send_request, wait_ready
-from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
 from vlite.diagnostics.targets.samplers import Sampler
 from vlite.diagnostics.workload.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_SCRAPES = 3  # consecutive idle scrapes that make an idle point

@@ -27,7 +27,7 @@ import pandas as pd
 
 from vlite.diagnostics.checks.detect import trough_trend
 from vlite.diagnostics.targets.blackbox import BlackboxResult
-from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult
 
 _STATS = re.compile(r"Running: (?P<running>\d+) reqs?, (?:Swapped: \d+ reqs?, )?(?:Waiting|Pending): "
                     r"(?P<waiting>\d+) reqs?, (?:(?:GPU|CPU|XPU|TPU) )?KV cache usage: (?P<usage>[\d.]+)%")

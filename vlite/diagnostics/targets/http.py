@@ -17,10 +17,10 @@ import httpx
 
 from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.detect import detect
-from vlite.diagnostics.run import RunResult
-from vlite.diagnostics.targets.inprocess import IdlePoint, ReplayResult, RequestResult
+from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.process import listening_pid
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up

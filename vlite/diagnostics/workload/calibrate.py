@@ -64,7 +64,7 @@ def calibrate(specs: list[RequestSpec], greedy: GreedyFn) -> list[RequestSpec]:
 def engine_greedy(engine: EngineClient) -> GreedyFn:
     """Greedy runs on an in-process engine, driven through ``EngineClient`` only (chat prompts
     rendered as the client renders them)."""
-    from vlite.diagnostics.targets.inprocess import render_prompt
+    from vlite.diagnostics.workload.replay import render_prompt
     from vlite.engine import RequestOrigin, SamplingParams
 
     def run(items: list[tuple[RequestSpec, int]]) -> list[tuple[list[int], list[str]]]:
