@@ -21,6 +21,7 @@ a ``ModelRunner`` over its shard of the model (``vlite/engine/worker.py``) and g
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -140,6 +141,21 @@ def sample_step(sched: SchedulerOutput, logits: torch.Tensor | None, prompt_logp
         return StepResult([], SamplerOutput([], []), prompt_logprobs=prompt_logprobs)
     raw = logits.clone() if sched.keep_logits else None
     return StepResult(sampled, sample(logits, sampled, generator), raw, prompt_logprobs)
+
+
+def step_tensors(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """The step's int64 inputs as tensors on ``device``, moved in one copy: the lists are packed
+    into one host tensor, pinned and sent with one non-blocking host-to-device copy on CUDA (the
+    host does not wait for it; kernels queued after it on the stream see the data), and left as
+    they are on CPU. Returns one 1-D int64 view per list, in order, each of that list's length.
+    """
+    sizes = [len(p) for p in parts]
+    flat = torch.tensor(list(itertools.chain.from_iterable(parts)), dtype=torch.long)
+    if device.type != "cpu":
+        if device.type == "cuda":
+            flat = flat.pin_memory()  # the caching host allocator keeps it until the copy is done
+        flat = flat.to(device, non_blocking=True)
+    return list(flat.split(sizes))
 
 
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -292,6 +308,10 @@ class ModelRunner:
         which read this cache."""
         self._allocate_kv_caches(num_blocks, block_size)
         if self.device.type == "cuda" and not enforce_eager:
+            if default_attention_backend() == "torch":
+                # the torch reference plans each step on the host (sizes, masks): nothing to capture
+                logger.info("CUDA graphs off: VLITE_ATTENTION_BACKEND=torch runs every step eagerly")
+                return
             from vlite.engine.cuda_graphs import capture_decode_graphs
 
             self.cuda_graphs = capture_decode_graphs(self.model, self.kv_caches, block_size, max_num_seqs,
@@ -303,30 +323,26 @@ class ModelRunner:
         return self.build_metadata(prepare_input(sched, block_tables, self.block_size, self.faults))
 
     def build_metadata(self, step: StepInput):
-        """A ``StepInput`` as tensors on this runner's device.
-        Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
+        """A ``StepInput`` as tensors on this runner's device, sent in one host-to-device copy
+        (``step_tensors``). Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
         tables = step.block_tables
         max_blocks = max(len(t) for t in tables)
-        table_tensor = torch.zeros((len(tables), max_blocks), dtype=torch.long)
-        for i, t in enumerate(tables):
-            table_tensor[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        qsl = [0]
-        for q in step.query_lens:
-            qsl.append(qsl[-1] + q)
-        dev = self.device
+        qsl = list(itertools.accumulate(step.query_lens, initial=0))
+        flat_tables = [b for t in tables for b in itertools.chain(t, itertools.repeat(0, max_blocks - len(t)))]
+        input_ids, positions, slots, query_start_loc, seq_lens, logits_indices, table_flat = step_tensors(
+            [step.input_ids, step.positions, step.slot_mapping, qsl, step.seq_lens, step.logits_indices, flat_tables],
+            self.device)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(step.slot_mapping, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
-            seq_lens=torch.tensor(step.seq_lens, dtype=torch.long, device=dev),
-            block_tables=table_tensor.to(dev),
+            slot_mapping=slots,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=table_flat.view(len(tables), max_blocks),  # padded with block 0
             num_decodes=step.num_decodes,
             query_lens=step.query_lens,
             seq_lens_list=step.seq_lens,
             block_size=self.block_size,
         )
-        return (torch.tensor(step.input_ids, dtype=torch.long, device=dev),
-                torch.tensor(step.positions, dtype=torch.long, device=dev), meta,
-                torch.tensor(step.logits_indices, dtype=torch.long, device=dev))
+        return input_ids, positions, meta, logits_indices
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -375,4 +391,4 @@ class ModelRunner:
 
 
 __all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "kv_cache_bytes_per_block",
-           "prepare_input", "sample_step"]
+           "prepare_input", "sample_step", "step_tensors"]
