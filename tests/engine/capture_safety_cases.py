@@ -27,7 +27,6 @@ if not ON_GPU:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise RuntimeError("run this file with TRITON_INTERPRET=1 (as tests/engine/test_capture_safety.py does)")
     os.environ["TRITON_INTERPRET"] = "1"
-os.environ["VLITE_ATTENTION_BACKEND"] = "triton"  # the CUDA path's ops, on either device
 
 from vlite.engine.cuda_graphs import DecodeGraphRunner, pick_bucket  # noqa: E402 (the interpreter flag must be set first)
 from vlite.engine.loader import LoadedCheckpoint  # noqa: E402
@@ -78,6 +77,12 @@ class HostSyncGuard(TorchDispatchMode):
             if any(isinstance(o, torch.Tensor) and o.device.type == "cpu" for o in outs):
                 raise HostSyncError(f"{func} produced a host tensor inside the step")
         return out
+
+
+@pytest.fixture(autouse=True)
+def triton_backend(monkeypatch):
+    """The CUDA path's ops on either device (set per test: other case files share the process)."""
+    monkeypatch.setenv("VLITE_ATTENTION_BACKEND", "triton")
 
 
 def tiny_runner(dtype: torch.dtype = torch.float32, num_blocks: int = 24) -> ModelRunner:
