@@ -186,7 +186,9 @@ kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null
 
 step "7 throughput vs transformers (static batch) and the roofline"
 if [ "$MODE" = gpu ]; then
-    TP=(--num-prompts 256 --input-len 256 --output-len 256 --max-num-seqs 256 --max-model-len 1024)
+    # 16,384 batched tokens per step: vLLM's default for offline runs on H100-class GPUs
+    TP=(--num-prompts 256 --input-len 256 --output-len 256 --max-num-seqs 256 --max-model-len 1024
+        --max-num-batched-tokens 16384)
     RATES=(--measure)
 else
     TP=(--num-prompts 8 --input-len 32 --output-len 16 --max-num-seqs 8 --max-model-len 128 --num-blocks 128)
