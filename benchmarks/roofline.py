@@ -21,24 +21,39 @@ from pathlib import Path
 from vlite.bench.roofline import LLAMA_3_2_1B, ModelShape, roofline
 
 
+def _median_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _copy_bandwidth(n: int = 1 << 30) -> float:
+    """Bytes/s of an n-byte device-to-device copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * n / (_median_ms(lambda: dst.copy_(src)) * 1e-3)
+
+
+def _matmul_flops(m: int = 8192) -> float:
+    """FLOP/s of an m x m x m bfloat16 matmul."""
+    import torch
+
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    return 2 * m ** 3 / (_median_ms(lambda: a @ b) * 1e-3)
+
+
 def measure_rates() -> tuple[float, float]:
     """(copy bandwidth bytes/s, bf16 matmul FLOP/s) measured on the current CUDA device."""
     import torch
-    from triton.testing import do_bench
 
     if not torch.cuda.is_available():
         sys.exit("roofline.py --measure needs a CUDA device (or give --bandwidth-gbs and --tflops)")
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
-    bandwidth = 2 * n / (ms * 1e-3)
-    del src, dst
-    m = 8192
-    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn_like(a)
-    ms = do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
-    return bandwidth, 2 * m ** 3 / (ms * 1e-3)
+    bandwidth = _copy_bandwidth()
+    torch.cuda.empty_cache()
+    return bandwidth, _matmul_flops()
 
 
 def main(argv: list[str] | None = None) -> int:
