@@ -25,7 +25,8 @@
 # With the device tool: run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600);
 # the checkout plus .whl must stay under 64 MiB.
 #
-# Steps (each with its own time limit; a failed step is reported and the others still run):
+# Steps (each with its own time limit, all within a 560 s budget, GPU_CHECK_BUDGET_S; a failed step
+# is reported and the others still run; every log is written under $OUT as the run goes):
 #   1 GPU tests: tests/kernels/triton_kernel_cases.py and tests/engine/capture_safety_cases.py
 #     compiled on the GPU (random tiny checkpoints made in the tests; tokenizer from .whl/tokenizer)
 #   2 kernel timings: benchmarks/gpu_check.py (decode attention at SmolLM2's heads >= 60% of copy BW)
@@ -81,8 +82,14 @@ status=0
 declare -a SUMMARY
 note() { echo "$*"; SUMMARY+=("$*"); }
 step() { echo; echo "== $* ($((SECONDS - START)) s)"; }
+BUDGET=${GPU_CHECK_BUDGET_S:-560}  # the whole run; the device tool stops a command at 600 s
+capped() {  # capped LIMIT: LIMIT, or less when the budget runs short; 0 when it is spent
+    local left=$((BUDGET - (SECONDS - START) - 15))
+    if [ $left -lt 20 ]; then echo 0; elif [ "$1" -gt $left ]; then echo $left; else echo "$1"; fi
+}
 run() {  # run NAME TIMEOUT CMD...: log to $RES/NAME.log, record pass/fail
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit; limit=$(capped "$2"); shift 2
+    if [ "$limit" -eq 0 ]; then note "SKIP $name (the ${BUDGET} s budget is spent)"; status=1; return 1; fi
     timeout "$limit" "$@" 2>&1 | tee "$RES/$name.log"
     local rc=${PIPESTATUS[0]}
     if [ $rc -eq 0 ]; then note "PASS $name"; else note "FAIL $name (exit $rc)"; status=1; fi
@@ -154,12 +161,15 @@ step "5 vlite leak-check: clean, then the planted fault skip-free-on-abort"
 NREQ=120; [ "$MODE" = dry ] && NREQ=30
 run leak-check-clean 120 "${VLITE[@]}" leak-check --model "$F32" --device $DEVICE --num-requests $NREQ --abort-rate 0.3 \
     --abort-mode mix --num-blocks 512 --report "$RES/leak-clean"
-timeout 120 "${VLITE[@]}" leak-check --model "$F32" --device $DEVICE --num-requests $NREQ --abort-rate 0.3 --abort-mode mix \
-    --num-blocks 512 --inject-fault skip-free-on-abort --report "$RES/leak-fault" >"$RES/leak-check-fault.log" 2>&1
+limit=$(capped 120)
+[ "$limit" -gt 0 ] && timeout "$limit" "${VLITE[@]}" leak-check --model "$F32" --device $DEVICE --num-requests $NREQ \
+    --abort-rate 0.3 --abort-mode mix --num-blocks 512 --inject-fault skip-free-on-abort --report "$RES/leak-fault" \
+    >"$RES/leak-check-fault.log" 2>&1
 rc=$?
 tail -5 "$RES/leak-check-fault.log"
-if [ $rc -eq 1 ]; then note "PASS leak-check-fault (the planted leak was found, exit 1)"; else note "FAIL leak-check-fault (exit $rc, expected 1)"; status=1; fi
-"$PY" - "$RES/leak-clean/samples.csv" "$MODE" <<'EOF' | tee -a "$RES/nvml.txt" || status=1
+if [ "$limit" -eq 0 ]; then note "SKIP leak-check-fault (the ${BUDGET} s budget is spent)"; status=1
+elif [ $rc -eq 1 ]; then note "PASS leak-check-fault (the planted leak was found, exit 1)"; else note "FAIL leak-check-fault (exit $rc, expected 1)"; status=1; fi
+[ -f "$RES/leak-clean/samples.csv" ] && "$PY" - "$RES/leak-clean/samples.csv" "$MODE" <<'EOF' | tee -a "$RES/nvml.txt" || status=1
 import sys, pandas as pd
 df = pd.read_csv(sys.argv[1])
 col = "gpu_used_bytes"
@@ -175,7 +185,7 @@ step "6 vlite serve + black-box leak check"
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 "${VLITE[@]}" serve --model "$F32" --device $DEVICE --port "$PORT" --num-blocks 512 >"$RES/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 1 120); do
+for _ in $(seq 1 "$(capped 120)"); do
     "$PY" -c "import httpx, sys; sys.exit(0 if httpx.get('http://127.0.0.1:$PORT/health', timeout=2).status_code == 200 else 1)" 2>/dev/null && break
     kill -0 $SERVER 2>/dev/null || break
     sleep 1
