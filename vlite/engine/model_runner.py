@@ -37,7 +37,7 @@ from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.models.parallel_layers import TPGroup
 from vlite.engine.prompt_logprobs import PromptLogprobsRows, compute_prompt_logprobs, plan_prompt_logprobs
-from vlite.engine.sampler import SamplerOutput, sample
+from vlite.engine.sampler import SamplerOutput, argmax_on_device, plain_greedy, sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
 from vlite.engine.sequence import RequestOrigin, Sequence
@@ -244,6 +244,9 @@ class ModelRunner:
         self.block_size = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), on CUDA only
+        # plain greedy steps take their argmax where the logits are (``execute``): on a GPU the
+        # [N, vocab] float32 logits (196 KB a row for SmolLM2's vocabulary) then never cross to the host
+        self.greedy_on_device = device.type != "cpu"
         self.generator = torch.Generator().manual_seed(seed)
 
     # ---- set-up --------------------------------------------------------------------------
@@ -362,6 +365,12 @@ class ModelRunner:
         forward's collectives pair up across ranks."""
         if step.blocks_to_copy:
             self.copy_blocks(step.blocks_to_copy)
+        logits, prompt_logprobs = self.compute_logits(step)
+        return None if logits is None else logits.cpu(), prompt_logprobs
+
+    def compute_logits(self, step: StepInput) -> tuple[torch.Tensor | None, dict[int, tuple[int, list]]]:
+        """``execute_model`` without its copy-on-write and the final move: the logits stay on
+        this runner's device. Call inside ``torch.inference_mode``."""
         if not step.input_ids:
             return None, {}
         input_ids, positions, meta, logits_indices = self.build_metadata(step)
@@ -372,8 +381,7 @@ class ModelRunner:
         prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked
         if not step.logits_indices:
             return None, prompt_logprobs
-        logits = self.model.compute_logits(hidden[logits_indices])
-        return None if logits is None else logits.cpu(), prompt_logprobs
+        return self.model.compute_logits(hidden[logits_indices]), prompt_logprobs
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
@@ -387,7 +395,12 @@ class ModelRunner:
         if sched.blocks_to_copy:
             self.copy_blocks(sched.blocks_to_copy)
         step = prepare_input(sched, sched.block_tables, self.block_size, self.faults)
-        return sample_step(sched, *self.execute_model(step), self.generator)
+        logits, prompt_logprobs = self.compute_logits(step)
+        if logits is not None and self.greedy_on_device and not sched.keep_logits:
+            sampled = [item.seq for item in sched.scheduled if item.sample]
+            if plain_greedy(sampled):  # argmax where the logits are: N ids cross, not N x vocab floats
+                return StepResult(sampled, argmax_on_device(logits), None, prompt_logprobs)
+        return sample_step(sched, None if logits is None else logits.cpu(), prompt_logprobs, self.generator)
 
 
 __all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "kv_cache_bytes_per_block",
