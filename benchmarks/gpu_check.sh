@@ -146,7 +146,7 @@ fi
 
 step "3 random-weight checkpoints"
 TINY=(); [ "$MODE" = dry ] && TINY=(--tiny)
-run build-checkpoints 180 "$PY" benchmarks/gpu_e2e.py build --out "$WORK/ckpt" --tokenizer .whl/tokenizer --device $DEVICE "${TINY[@]}"
+run build-checkpoints 180 "$PY" benchmarks/gpu_e2e.py build --out "$WORK/ckpt" --tokenizer .whl/tokenizer --device $DEVICE ${TINY[@]+"${TINY[@]}"}
 F32=$WORK/ckpt/smollm2-shape-f32
 BF16=$WORK/ckpt/llama-1b-shape-bf16
 
