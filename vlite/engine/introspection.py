@@ -28,7 +28,7 @@ Bounded, documented histories (allowed to be non-empty at idle, never above thei
 ``engine.records`` (the ``RequestRecord`` of every live sequence plus the finished history)
 and ``engine.finished_order`` (``Scheduler.finished_records``: ``EngineConfig.finished_history``
 finished sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
-references), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
+references), ``ledger.frees`` (as many calls of the free path), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
 ``num_cached_blocks``).
 """
 
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
 from vlite.engine.census import CensusResult, module_roots, request_census
-from vlite.engine.core.ledger import LedgerAnomaly, ReleaseRecord
+from vlite.engine.core.ledger import FreeRecord, LedgerAnomaly, ReleaseRecord
 from vlite.engine.core.request import RequestRecord
 from vlite.engine.core.sequence import RequestOrigin, SeqId, Sequence
 from vlite.engine.metrics import EngineStats
@@ -67,6 +67,7 @@ HISTORIES: dict[str, str] = {
     "engine.records": "request records of live and recently finished sequences (attribution)",
     "engine.finished_order": "recently finished sequences, oldest first (bounded by finished_history)",
     "ledger.released": "released block references (bounded release history)",
+    "ledger.frees": "calls of the free path (bounded, as the release history)",
     "prefix_cache.index": "prefix-cache hash index (one entry per cached block)",
 }
 
@@ -223,6 +224,7 @@ class EngineView:
         return {"engine.records": HistorySize(num_records, keep + live),
                 "engine.finished_order": HistorySize(len(sched.finished_records), keep),
                 "ledger.released": HistorySize(len(bm.ledger.released), bm.ledger.released.maxlen or 0),
+                "ledger.frees": HistorySize(len(bm.ledger.frees), bm.ledger.frees.maxlen or 0),
                 "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
 
     def coverage(self) -> Coverage:
@@ -240,6 +242,10 @@ class EngineView:
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
                               e.scheduler.kv_cache_manager.num_cached_blocks, e.config.finished_history)
+
+    def frees(self) -> tuple[FreeRecord, ...]:
+        """The bounded history of calls of the free path (``KVCacheManager.free``), oldest first."""
+        return tuple(self._engine.scheduler.kv_cache_manager.ledger.frees)
 
     def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
         """The release history (oldest first), or only the records of ``block_ids``."""
@@ -298,7 +304,9 @@ class EngineView:
             roots["async_engine"] = self._loop
         roots.update(extra_roots or {})
         roots.update(module_roots())
-        return request_census(roots, ended_request_ids, skip=[sched.finished_records, bm.ledger.released, bm.cached_blocks],
+        return request_census(roots, ended_request_ids,
+                              skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
+                                    bm.ledger._anomalies],  # anomalies are reported as such
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:
@@ -408,7 +416,7 @@ def release_dict(r: ReleaseRecord) -> dict:
             "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
             "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
             "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
-            "time": r.time}
+            "time": r.time, "code_path": r.code_path}
 
 
 def view_dict(view: EngineView) -> dict:
@@ -418,6 +426,7 @@ def view_dict(view: EngineView) -> dict:
             "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
             "coverage": snap.coverage.to_dict(),
             "released": [release_dict(r) for r in view.released()],
+            "frees": [asdict(f) for f in view.frees()],
             "blocks_not_free": view.blocks_not_free(),
             "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
 
@@ -438,7 +447,7 @@ def blocks_document(engine, loop=None) -> dict:
          "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
                                                       a block shared by n sequences n, a double free < 0)
          "live_state": {...LLMEngine.live_state()},
-         "view": {"registries", "histories", "coverage", "released", "blocks_not_free", "request_history"}}
+         "view": {"registries", "histories", "coverage", "released", "frees", "blocks_not_free", "request_history"}}
 
     ``sequences`` lists every live sequence, including each sample of an n > 1 request and each
     beam (waiting ones with an empty block table), and then every block table whose owner is no

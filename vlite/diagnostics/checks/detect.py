@@ -152,7 +152,10 @@ class Findings:
             reqs = {b["request_id"] for b in self.leaked_blocks}
             parts.append(f"{self.drain.deficit_blocks} blocks leaked (deficit), held by {len(reqs)} finished requests")
         if self.drain.excess_frees:
-            parts.append(f"{self.drain.excess_frees} excess frees (double free)")
+            first = next((a for a in self.anomalies if a.get("release_sites")), None)
+            sites = (f": block {first['block_id']} released by {' and again by '.join(first['release_sites'])}"
+                     if first else "")
+            parts.append(f"{self.drain.excess_frees} excess frees (double free{sites})")
         cpu = self.cpu_state
         if cpu["orphan_block_tables"]:
             parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")

@@ -52,7 +52,7 @@ def print_report(run, console: Console | None = None) -> None:
         console.print(_table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12))
     if f.anomalies:
         console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
-                                                               "step")))
+                                                               "step", "release_sites")))
     cpu = f.cpu_state
     if cpu["orphan_block_tables"]:
         console.print(_table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"],
@@ -137,7 +137,8 @@ def report_markdown(run, plots: list[str]) -> str:
            "## Leaked blocks by allocation site\n", md_table(f.by_site, ("site", "blocks", "references", "requests")),
            "## Leaked blocks by owner request\n", md_table(f.by_request, _REQ_COLS),
            "## Blocks still held\n", md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
-           "## Ledger anomalies\n", md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
+           "## Ledger anomalies\n", md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step",
+                                                    "release_sites")),
            "## CPU-side state\n", "Orphan block tables:\n\n",
            md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
                                                           "finish_reason")),

@@ -22,7 +22,15 @@ from collections import Counter
 
 from vlite.engine.core.block_pool import BlockPool, FreeBlockQueue
 from vlite.engine.core.faults import FaultSet
-from vlite.engine.core.ledger import AllocationSite, BlockLedger, LedgerAnomaly, LedgerEntry, ReleaseRecord
+from vlite.engine.core.ledger import (
+    AllocationSite,
+    BlockLedger,
+    FreeRecord,
+    LedgerAnomaly,
+    LedgerEntry,
+    ReleaseRecord,
+    code_path,
+)
 from vlite.engine.core.sequence import Sequence
 from vlite.engine.metrics import BlockStats
 
@@ -266,6 +274,11 @@ class KVCacheManager:
         no table and frees nothing). Returns the number of block references dropped.
         """
         self._num_hashed.pop(seq.seq_id, None)
+        if self.ledger.enabled:
+            self.ledger.frees.append(FreeRecord(seq.seq_id, seq.request_id, len(self.block_tables.get(seq.seq_id, ())),
+                                                code_path(2), seq.status.value,
+                                                seq.finish_reason.value if seq.finish_reason else None,
+                                                self.current_step))
         if self.faults.active("orphan-block-table"):
             table = self.block_tables.get(seq.seq_id, [])
             if not table:
@@ -291,7 +304,8 @@ class KVCacheManager:
             self.ledger.record_release(ReleaseRecord(
                 block_id, seq.seq_id, seq.request_id, entry, path, seq.status.value,
                 seq.finish_reason.value if seq.finish_reason else None, seq.num_preemptions, ref_count,
-                self.current_step, time.time()))
+                self.current_step, time.time(), code_path(2)))
         if ref_count < 0:
+            sites = tuple(r.describe() for r in self.ledger.released if r.block_id == block_id)[-2:]
             self.ledger.record_anomaly(LedgerAnomaly("double free", block_id, seq.seq_id, seq.request_id,
-                                                     self.current_step, time.time()))
+                                                     self.current_step, time.time(), sites))

@@ -8,6 +8,7 @@ checker's attribution).
 from __future__ import annotations
 
 import enum
+import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -39,7 +40,11 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class LedgerAnomaly:
-    """A free the block manager could not account for (e.g. ref_count went below 0)."""
+    """A free the block manager could not account for (e.g. ref_count went below 0).
+
+    ``release_sites``: for a double free, the releases of this block that the history holds,
+    the earlier one first ("Scheduler.finish_sequence -> KVCacheManager.free: seq 12 (req-3),
+    finished/stop, step 40"), so the report names both code paths."""
 
     kind: str
     block_id: int
@@ -47,6 +52,7 @@ class LedgerAnomaly:
     request_id: str
     step: int
     time: float
+    release_sites: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
@@ -72,6 +78,37 @@ class ReleaseRecord:
     ref_count_after: int
     step: int
     time: float
+    code_path: str = ""  # the two frames that released it, e.g. "Scheduler.finish_sequence -> KVCacheManager.free"
+
+    def describe(self) -> str:
+        """One line naming the release: code path, sequence, its state, step."""
+        state = self.seq_status + (f"/{self.finish_reason}" if self.finish_reason else "")
+        return f"{self.code_path or self.path}: seq {self.seq_id} ({self.request_id}), {state}, step {self.step}"
+
+
+@dataclass(frozen=True)
+class FreeRecord:
+    """One call of ``KVCacheManager.free`` (the one free path): which sequence, how many block
+    references it dropped, who called it (``code_path``), the sequence's state then, and when
+    (engine step). Kept in the ledger's bounded ``frees`` history so a leak report can say
+    "no release recorded" from evidence rather than guess."""
+
+    seq_id: int
+    request_id: str
+    num_released: int
+    code_path: str
+    seq_status: str
+    finish_reason: str | None
+    step: int
+
+
+def code_path(depth: int) -> str:
+    """``"Caller.method -> Callee.method"`` for the two frames ``depth`` levels up (cheap: no
+    traceback objects; only taken while the ledger is on)."""
+    frame = sys._getframe(depth)
+    outer = frame.f_back
+    inner = frame.f_code.co_qualname
+    return f"{outer.f_code.co_qualname} -> {inner}" if outer is not None else inner
 
 
 # Released ledger entries kept for attribution of blocks the ledger no longer names (a bounded,
@@ -88,6 +125,7 @@ class BlockLedger:
         self._held: dict[tuple[int, int], LedgerEntry] = {}
         self._anomalies: list[LedgerAnomaly] = []
         self.released: deque[ReleaseRecord] = deque(maxlen=release_history)
+        self.frees: deque[FreeRecord] = deque(maxlen=release_history)  # calls of the free path
 
     def record(self, entry: LedgerEntry) -> None:
         if self.enabled:
