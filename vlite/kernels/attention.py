@@ -63,17 +63,16 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         torch_ref.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
 
-def prepare_backend(device: torch.device | str) -> str:
+def prepare_backend(device: torch.device | str, fused_choice: str = "auto") -> str:
     """Build (or load) what the default backend needs on ``device`` before the first step, so
     no request waits for a compiler. Returns the attention path in words, for the log.
+    ``fused_choice`` is ``fused_ops.default_choice()`` (the caller reads it, so that a bad
+    ``VLITE_FUSED_OPS`` fails at start, not in every step), named in the returned words.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND`` or ``VLITE_FUSED_OPS``.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``.
     """
     backend = default_backend()
-    from vlite.kernels.fused_ops import default_choice
-
-    fused_choice = default_choice()  # a bad VLITE_FUSED_OPS fails here, at start, not in every step
     if torch.device(device).type != "cpu":
         return "triton" if backend == "auto" else backend
     if backend == "auto":

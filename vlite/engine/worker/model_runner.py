@@ -239,7 +239,7 @@ class ModelRunner:
         self.weight_bytes = sum(t.numel() * t.element_size()
                                 for t in {id(p): p for p in self.model.parameters()}.values())
         # a kernel that needs building is built now, before the first step
-        logger.info("attention: %s", prepare_attention_backend(device))
+        logger.info("attention: %s", prepare_attention_backend(device, default_fused_ops()))
         if self.cpu_gemm in ("onednn", "vlite"):
             self.model.prepack_cpu_gemm(self.cpu_gemm)
         if self.cpu_gemm:
