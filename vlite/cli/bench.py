@@ -133,7 +133,7 @@ def throughput(
                              num_prefixes, seed, output_len_given=output_len is not None)
     import torch
 
-    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {len(requests)} requests, "
+    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {common.plural(len(requests), 'request')}, "
                              f"torch threads {torch.get_num_threads()}, CPU GEMM {engine.cpu_gemm or '-'}")
     try:
         result = runners.run_vlite(engine, requests, show_progress=progress)

@@ -103,6 +103,11 @@ def load_engine(config: EngineConfig):
         fail(str(exc))
 
 
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """``count`` and ``noun``, pluralised: "1 request", "2 requests", "0 requests"."""
+    return f"{count} {noun if count == 1 else plural_form or noun + 's'}"
+
+
 def seconds(value: float | None) -> str:
     """A duration for the terminal: "12.3 s", or "n/a" where it was not measured."""
     return "n/a" if value is None else f"{value:.1f} s"

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from vlite.cli import common
+from vlite.cli.interrupt import EXIT_INTERRUPTED, graceful_interrupt
 from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
@@ -157,14 +158,24 @@ def leak_check(
             engine_args.num_blocks = suggest_num_blocks(specs, every, engine_args.block_size)
         config = common.create_engine_config(engine_args)
         engine = common.load_engine(config)
-        console.print(f"leak-check: {len(specs)} requests on {engine.model_name} ({engine.device.type}), "
-                      f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
-                      highlight=False)
-        run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
-                             sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
+        console.print(f"leak-check: {common.plural(len(specs), 'request')} on {engine.model_name} "
+                      f"({engine.device.type}), {engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} "
+                      f"({abort_mode}); Ctrl-C stops early and still writes the report", highlight=False)
+        # The first Ctrl-C stops the replay, drains and reports what was measured; a second exits at once.
+        with graceful_interrupt("the replay") as stop:
+            run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
+                                 sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
+            run.info["total_s"] = round(time.time() - t_start, 2)
+            _finish(run, console, report)
+        sys.exit(exit_code(run.findings.verdict))
     run.info["total_s"] = round(time.time() - t_start, 2)
     _finish(run, console, report)
-    sys.exit({"CLEAN": 0, "INCONCLUSIVE": 3}.get(run.findings.verdict, 1))
+    sys.exit(exit_code(run.findings.verdict))
+
+
+def exit_code(verdict: str) -> int:
+    """The exit code of a verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT), else 1."""
+    return {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": EXIT_INTERRUPTED}.get(verdict, 1)
 
 
 def _default_wave(num_specs: int, idle_every: int | None) -> int:
@@ -218,9 +229,11 @@ def _finish(run, console: Console, report: Path | None) -> None:
 
     print_report(run, console)
     replay_s, total_s = run.info.get("replay_s"), run.info.get("total_s")
-    console.print(f"{len(run.replay.requests)} requests in {common.seconds(replay_s)} "
+    if run.replay.interrupted:
+        console.print(f"[yellow]{run.replay.interrupted}[/]", highlight=False)
+    console.print(f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(replay_s)} "
                   f"({common.seconds(total_s)} with engine start-up: model load, kernel build); "
-                  f"{len(run.samples)} samples", highlight=False)
+                  f"{common.plural(len(run.samples), 'sample')}", highlight=False)
     if report is not None:
         try:
             write_report(run, report)
