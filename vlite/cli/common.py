@@ -92,10 +92,28 @@ def create_engine_config(engine_args: EngineArgs) -> EngineConfig:
         fail(str(exc))
 
 
-def load_engine(config: EngineConfig):
-    """Start an LLMEngine, turning load errors into a clear message and exit code 2."""
+def check_before_load(config: EngineConfig):
+    """Every check that needs the model's config and tokenizer but not its weights (seconds, not
+    the minute a load can take): device and dtype, tensor-parallel size, ``--max-model-len``
+    against the model, and whether ``--num-blocks`` / ``--kv-cache-memory-bytes`` fit in memory.
+    Exit 2 with one line when one fails; else return the checkpoint without weights (config and
+    tokenizer) for prompt checks."""
+    from vlite.engine import ModelNotFoundError, check_engine_config
+
+    try:
+        with err_console.status(f"Checking {config.model} ..."):
+            return check_engine_config(config)
+    except (ModelNotFoundError, ValueError) as exc:
+        fail(str(exc))
+
+
+def load_engine(config: EngineConfig, *, checked: bool = False):
+    """Start an LLMEngine, turning load errors into a clear message and exit code 2. Runs
+    ``check_before_load`` first unless the caller did (``checked``)."""
     from vlite.engine import LLMEngine, ModelNotFoundError
 
+    if not checked:
+        check_before_load(config)
     try:
         with err_console.status(f"Loading {config.model} ..."):
             return LLMEngine(config)
