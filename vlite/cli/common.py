@@ -131,6 +131,16 @@ def seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} s"
 
 
+def warn(message: str) -> None:
+    """One "warning:" line on stderr (never folded); the command carries on."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, never folded
+    from rich.markup import escape
+
+    # escaped: a message quoting JSON ([1, 2]) or a range ([0, 100]) is printed as it is
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # one line
     sys.exit(code)

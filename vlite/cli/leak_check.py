@@ -213,10 +213,14 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                          seed=seed, n=n)
         path = Path(workload)
+        if path.is_dir():
+            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, a JSONL trace (.jsonl) "
+                        "or a ShareGPT file (.json)")
         if not path.is_file():
-            common.fail(f"--workload {workload!r}: not 'all-paths' or 'synthetic' and no such file")
+            common.fail(f"--workload {workload}: not all-paths or synthetic, and no such file")
         if path.suffix == ".jsonl":
-            return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed)
+            return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed,
+                                     warn=common.warn)
         return wl.sharegpt_workload(path, num_requests, count_tokens=count_tokens, max_output_len=output_len[1],
                                     request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                     seed=seed)
