@@ -29,7 +29,8 @@ ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m",
                         help="Local HF directory, .gguf file, or the default model's name.")
 
 
-def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable], Callable]:
+def engine_args_options(*, include_faults: bool = False,
+                        help_extra: dict[str, str] | None = None) -> Callable[[Callable], Callable]:
     """Give a Typer command every ``EngineArgs`` option (vLLM's flag names and defaults).
 
     The decorated command declares one parameter ``engine_args: EngineArgs``; in the
@@ -39,7 +40,9 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
     ``include_faults``. A field whose name the command declares itself (``generate``'s
     per-request ``--seed``, ``leak-check``'s workload-dependent ``--max-num-batched-tokens``)
     keeps the command's option, and the command sets that ``EngineArgs`` field itself.
-    Turn the result into a config with ``create_engine_config``.
+    ``help_extra`` maps a field name to a sentence this command adds to the option's help (where
+    the command changes what the option's default means). Turn the result into a config with
+    ``create_engine_config``.
     """
 
     def decorate(func: Callable) -> Callable:
@@ -57,7 +60,8 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
             default = f.default
             if f.name == "inject_faults":
                 annotation, default = list[str], []
-            option = typer.Option(default, *f.metadata["flags"], help=f.metadata["help"])
+            option = typer.Option(default, *f.metadata["flags"],
+                                  help=" ".join(filter(None, (f.metadata["help"], (help_extra or {}).get(f.name)))))
             added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                            annotation=annotation))
         names = [p.name for p in added]

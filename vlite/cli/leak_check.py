@@ -20,6 +20,14 @@ from vlite.cli.interrupt import EXIT_INTERRUPTED, graceful_interrupt
 from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
+# The fixed scenarios' names (vlite/diagnostics/scenarios.py SCENARIOS; a test keeps the two equal).
+# Listed here so that --help shows them without importing the engine.
+SCENARIO_NAMES = ("abort-waiting", "abort-chunked-prefill", "disconnect-mid-stream", "non-streaming-disconnect",
+                  "abort-preempted", "raise-in-step", "never-fits", "repeated-short", "n-samples-abort",
+                  "beam-under-pressure", "shared-prefix-aborts", "stop-strings", "chat-eos",
+                  "preempted-resumed-aborted")
+_SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "
+               "requests asks for (42 blocks at --num-requests 120, 69 at 200), so that preemption happens")
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
@@ -30,13 +38,21 @@ def _range(text: str, name: str) -> tuple[int, int]:
         common.fail(f"{name} must be MIN:MAX tokens (e.g. 16:64), got {text!r}")
 
 
-@common.engine_args_options(include_faults=True)
+@common.engine_args_options(include_faults=True, help_extra={
+    "kv_cache_memory_bytes": f"Without it or --num-blocks, {_SMALL_POOL}.",
+    "num_blocks": f"Without it or --kv-cache-memory-bytes, {_SMALL_POOL}.",
+})
 def leak_check(
     workload: str = typer.Option("all-paths", "--workload", "-w",
-                                 help="'all-paths' (every engine path: prefix hits, preemption, n > 1, beam search, "
-                                      "EOS/stop finishes), 'synthetic' (plain requests), a JSONL trace (.jsonl), or a "
-                                      "ShareGPT file (.json)."),
-    num_requests: int = typer.Option(200, "--num-requests", min=1, help="Requests (synthetic/ShareGPT)."),
+                                 help="all-paths (every engine path: prefix hits, preemption, n > 1, beam search, "
+                                      "EOS/stop finishes; on a deliberately small KV pool sized from "
+                                      "--num-requests to force preemption, unless --num-blocks or "
+                                      "--kv-cache-memory-bytes is given), synthetic (plain requests), a JSONL trace (.jsonl; schema in "
+                                      "docs/leak-check.md), or a ShareGPT file (.json)."),
+    num_requests: int = typer.Option(200, "--num-requests", min=1,
+                                     help="Requests to run: the size of the all-paths (default) and synthetic "
+                                          "workloads, and the most read from a ShareGPT file (a JSONL trace runs "
+                                          "whole). It also sizes the waves (a fifth of the run) and the all-paths KV pool."),
     input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
     output_len: str = typer.Option("8:32", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
     request_rate: float = typer.Option(float("inf"), "--request-rate",
@@ -51,7 +67,8 @@ def leak_check(
     sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", min=1.0, help="Sampling period, ms."),
     report: Path | None = typer.Option(None, "--report",  # noqa: B008 (Typer's option style)
                                        help="Write report.json, samples.csv, report.md, PNGs here."),
-    scenario: str | None = typer.Option(None, "--scenario", help="Run a fixed scenario by name, or 'all'."),
+    scenario: str | None = typer.Option(None, "--scenario",
+                                        help=f"Run a fixed scenario by name, or all: {', '.join(SCENARIO_NAMES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
     n: int = typer.Option(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks)."),
     max_num_batched_tokens: int | None = typer.Option(
