@@ -324,11 +324,13 @@ class LLMEngine:
 
     # ---- offline batch -------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
-                 | None = None, *, show_progress: bool = False) -> list[RequestOutput]:
+                 | None = None, *, show_progress: bool = False, stop=None) -> list[RequestOutput]:
         """Run a batch to completion with continuous batching; outputs in prompt order.
 
         ``prompts`` are strings or lists of token ids. Raises RequestRejectedError before
-        anything runs if any prompt is invalid (nothing queued stays behind).
+        anything runs if any prompt is invalid (nothing queued stays behind). ``stop`` (a
+        ``threading.Event``, set by a Ctrl-C in ``vlite bench``): once set, the requests not
+        finished are aborted (their blocks freed) and stand as None in the returned list.
         """
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
@@ -356,6 +358,11 @@ class LLMEngine:
             while self.has_unfinished_requests():
                 if self.dead_error is not None:
                     raise EngineDeadError(f"the engine is dead: {self.dead_error}")
+                if stop is not None and stop.is_set():
+                    for rid in ids:
+                        if rid not in final:
+                            self.abort(rid)
+                    return [final.get(rid) for rid in ids]
                 for out in self.step():
                     if out.finished:
                         final[out.request_id] = out
