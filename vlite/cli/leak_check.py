@@ -161,11 +161,15 @@ def leak_check(
                                       server_pid=server_pid, t_start=t_start))
         from vlite.diagnostics.http_target import TargetError, run_http
 
-        try:
-            run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
-                           sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
-        except TargetError as exc:
-            common.fail(str(exc))
+        with graceful_interrupt("the replay") as stop:
+            try:
+                run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
+                               sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
+            except TargetError as exc:
+                common.fail(str(exc))
+            run.info["total_s"] = round(time.time() - t_start, 2)
+            _finish(run, console, report)
+        sys.exit(exit_code(run.findings.verdict))
     else:
         from vlite.diagnostics.all_paths import suggest_num_blocks
         from vlite.diagnostics.run import run_in_process
@@ -185,9 +189,6 @@ def leak_check(
             run.info["total_s"] = round(time.time() - t_start, 2)
             _finish(run, console, report)
         sys.exit(exit_code(run.findings.verdict))
-    run.info["total_s"] = round(time.time() - t_start, 2)
-    _finish(run, console, report)
-    sys.exit(exit_code(run.findings.verdict))
 
 
 def exit_code(verdict: str) -> int:
