@@ -55,6 +55,7 @@ class IdlePoint:
     requests_completed: int
     num_used_blocks: int
     rss_bytes: int | None
+    host: dict | None = None  # in process: anon_swap_bytes, containers {path: entries} (host_memory.py)
 
 
 @dataclass
@@ -90,7 +91,8 @@ class InProcessClient:
 
     Args:
         engine: the engine (stepped only by this client during ``replay``).
-        probe: returns (num_used_blocks, rss_bytes or None) for an idle point.
+        probe: returns (num_used_blocks, rss_bytes or None) for an idle point, optionally
+            followed by a dict of host-memory readings (``IdlePoint.host``).
         stall_steps: steps without a new token or a finished request after which the client
             gives up on everything in flight (a leak can exhaust the cache so that the
             scheduler preempts forever); those requests end with outcome "stalled".
@@ -214,9 +216,10 @@ class InProcessClient:
         self._quiet_steps = 0
 
     def _idle_point(self, out: ReplayResult, completed: int) -> None:
-        used, rss = self.probe()
-        if not out.idle_points or out.idle_points[-1].requests_completed != completed:
-            out.idle_points.append(IdlePoint(time.time(), completed, used, rss))
+        if out.idle_points and out.idle_points[-1].requests_completed == completed:
+            return
+        used, rss, *host = self.probe()  # the in-process probe adds host readings
+        out.idle_points.append(IdlePoint(time.time(), completed, used, rss, host[0] if host else None))
 
     def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
         from vlite.engine import RequestRejectedError

@@ -91,12 +91,21 @@ class Findings:
     unattributed: list[dict] = field(default_factory=list)
     # The run was stopped early (Ctrl-C): what happened, in words (client.ReplayResult.interrupted).
     interrupted: str | None = None
+    # Issue 33: containers reachable from the engine that still hold ended requests (census.py)
+    census: dict | None = None
+    host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
+
+    @property
+    def host_leak(self) -> bool:
+        """Host memory keeps its slope past warm-up (host_memory.py)."""
+        return bool(self.host_memory and self.host_memory["verdict"] == "HOST-LEAK")
 
     @property
     def leak(self) -> bool:
         return (not self.drain.ok or bool(self.leaked_blocks) or bool(self.anomalies)
                 or self.cpu_state["num_leftover_entries"] > 0 or bool(self.unattributed)
-                or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"])))
+                or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"]))
+                or bool(self.census and self.census["held"]))
 
     @property
     def zombie(self) -> bool:
@@ -118,15 +127,18 @@ class Findings:
 
     @property
     def verdict(self) -> str:
-        """LEAK, ZOMBIE (no leak, but requests outlived their clients), INCONCLUSIVE (no leak
+        """LEAK, HOST-LEAK (blocks and per-request state clean, host memory keeps growing past
+        warm-up), ZOMBIE (no leak, but requests outlived their clients), INCONCLUSIVE (no leak
         seen, but every request failed in the engine), INTERRUPTED (stopped by Ctrl-C before the
         workload ended; the partial findings are reported, not a verdict) or CLEAN. The CLI exits
-        0 for CLEAN, 1 for LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box check), 130 for
-        INTERRUPTED."""
+        0 for CLEAN, 1 for LEAK, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box
+        check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
             return "INTERRUPTED"
         if self.leak:
             return "LEAK"
+        if self.host_leak:
+            return "HOST-LEAK"
         return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
 
     def summary(self) -> str:
@@ -138,6 +150,12 @@ class Findings:
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
                     f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
+        if not self.leak and self.host_leak:
+            grow = self.host_memory["growing"]
+            what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
+                    else f"RssAnon + VmSwap +{self.host_memory['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
+            return (f"HOST-LEAK: host memory keeps growing past warm-up ({what}); KV blocks and per-request "
+                    "state are clean" + (f"; {zombie_part}" if zombie_part else ""))
         if not self.leak and self.zombie:
             return "ZOMBIE: " + zombie_part
         if not self.leak and self.inconclusive:
@@ -151,7 +169,10 @@ class Findings:
             reqs = {b["request_id"] for b in self.leaked_blocks}
             parts.append(f"{self.drain.deficit_blocks} blocks leaked (deficit), held by {len(reqs)} finished requests")
         if self.drain.excess_frees:
-            parts.append(f"{self.drain.excess_frees} excess frees (double free)")
+            first = next((a for a in self.anomalies if a.get("release_sites")), None)
+            sites = (f": block {first['block_id']} released by {' and again by '.join(first['release_sites'])}"
+                     if first else "")
+            parts.append(f"{self.drain.excess_frees} excess frees (double free{sites})")
         cpu = self.cpu_state
         if cpu["orphan_block_tables"]:
             parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")
@@ -164,6 +185,9 @@ class Findings:
                 f"{r['registry']} {r['entries']}" for r in self.registries["leftover"]))
         if self.registries and self.registries["over_bound"]:
             parts.append("histories over bound: " + ", ".join(h["history"] for h in self.registries["over_bound"]))
+        if self.census and self.census["held"]:
+            parts.append("ended requests still held at idle (census): " + ", ".join(
+                f"{h['path']} {h['num_entries']}" for h in self.census["held"]))
         if zombie_part:
             parts.append(zombie_part)
         return "LEAK: " + "; ".join(parts or ["see the report"])

@@ -51,10 +51,10 @@ def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20)
 
 
 def print_verdict(findings, console: Console, prefix: str = "") -> None:
-    """The one-line verdict (LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
+    """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
     verdict = f.verdict
-    color = "red" if verdict == "LEAK" else "green" if verdict == "CLEAN" else "yellow"
+    color = "red" if verdict in ("LEAK", "HOST-LEAK") else "green" if verdict == "CLEAN" else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 
@@ -74,7 +74,7 @@ def print_report(run, console: Console | None = None) -> None:
         console.print(_table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12))
     if f.anomalies:
         console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
-                                                               "step")))
+                                                               "step", "release_sites")))
     cpu = f.cpu_state
     if cpu["orphan_block_tables"]:
         console.print(_table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"],
@@ -85,6 +85,9 @@ def print_report(run, console: Console | None = None) -> None:
     if f.unattributed:
         console.print(_table("Unattributed blocks (not free at idle, no ledger entry)", f.unattributed,
                              ("block_id", "ref_count", "evidence")))
+    if f.census and f.census["held"]:
+        console.print(_table("Ended requests still held at idle (request-id census)", f.census["held"],
+                             ("path", "kind", "num_entries", "request_ids", "client_actions")))
     if f.registries and (f.registries["leftover"] or f.registries["over_bound"]):
         console.print(_table("Per-request registries not empty at idle", f.registries["leftover"],
                              ("registry", "entries", "holds")))
@@ -94,7 +97,7 @@ def print_report(run, console: Console | None = None) -> None:
     for t in f.trends:
         console.print(_trend_line(t), highlight=False, markup=False)
     for line in extra_lines(f):
-        style = "yellow" if line.startswith(("not exercised", "ZOMBIE")) else None
+        style = "yellow" if line.startswith(("not exercised", "ZOMBIE", "HOST-LEAK")) else None
         console.print(line, highlight=False, markup=False, style=style)
     for note in f.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
@@ -102,12 +105,17 @@ def print_report(run, console: Console | None = None) -> None:
 
 def extra_lines(f) -> list[str]:
     """Coverage, zombie and registry lines (console and report.md)."""
-    from vlite.diagnostics import coverage, zombie
+    from vlite.diagnostics import coverage, host_memory, zombie
 
-    out = coverage.lines(f.coverage) + zombie.lines(f.zombies)
+    out = coverage.lines(f.coverage) + zombie.lines(f.zombies) + host_memory.lines(f.host_memory)
     if f.registries:
         out.append(f"registries checked at idle: {len(f.registries['checked'])} "
                    f"({', '.join(f.registries['checked'])}); not empty: {len(f.registries['leftover'])}")
+    if f.census:
+        c = f.census
+        out.append(f"request-id census at idle: {c['objects_visited']} objects walked in {c['elapsed_ms']} ms"
+                   f"{' (stopped at its budget)' if c['truncated'] else ''}; containers holding ended requests: "
+                   f"{len(c['held'])}")
     if f.attribution_available:
         out.append(f"unattributed blocks: {len(f.unattributed)}")
     return out
@@ -155,12 +163,16 @@ def report_markdown(run, plots: list[str]) -> str:
            "## Per-request registries not empty at idle\n",
            _md_table((f.registries or {}).get("leftover", []) + (f.registries or {}).get("over_bound", []),
                      ("registry", "history", "entries", "size", "bound", "holds")),
+           "## Ended requests still held (request-id census)\n",
+           _md_table((f.census or {}).get("held", []), ("path", "kind", "num_entries", "request_ids",
+                                                        "client_actions")),
            "## Leaked blocks by client action\n", _md_table(f.by_action, ("action_kind", "blocks", "references",
                                                                           "requests")),
            "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),
            "## Leaked blocks by owner request\n", _md_table(f.by_request, _REQ_COLS),
            "## Blocks still held\n", _md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
-           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
+           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step",
+                                                    "release_sites")),
            "## CPU-side state\n", "Orphan block tables:\n\n",
            _md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
                                                           "finish_reason")),

@@ -6,6 +6,7 @@ does the same against a running ``vlite serve``.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import pandas as pd
 from vlite.diagnostics import snapshot
 from vlite.diagnostics.client import InProcessClient, ReplayResult
 from vlite.diagnostics.detect import Findings, detect
+from vlite.diagnostics.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload import RequestSpec
 from vlite.engine import EngineClient
@@ -54,8 +56,13 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     blocks, regs = view_block_stats(view), sizes_source(view)
     sampler = Sampler(lambda: blocks() | regs(), memory, sample_interval_s).start()
 
-    def probe() -> tuple[int, int | None]:
-        return view.stats().num_used_blocks, memory.read().get("rss_bytes")
+    pids = [os.getpid(), *facts.worker_pids]
+
+    def probe() -> tuple[int, int | None, dict]:
+        # an idle point: the census walk for container sizes (host_memory.py), ms per call
+        host = {"anon_swap_bytes": anon_swap_bytes(pids),
+                "containers": dict(view.request_census(()).container_sizes)}
+        return view.stats().num_used_blocks, memory.read().get("rss_bytes"), host
 
     t0 = time.time()
     try:
@@ -66,6 +73,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
+    findings.census = census_findings(view, replay.requests)
+    findings.host_memory = host_memory_check(replay.idle_points)
     findings.notes.extend(replay.notes)
     findings.interrupted = replay.interrupted
     if memory.note:
@@ -80,3 +89,16 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     if replay.interrupted:
         run_facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, run_facts)
+
+
+def census_findings(view, requests) -> dict:
+    """The request-id census at the drained idle point (``EngineView.request_census``), each
+    container's requests joined with what their clients did; ``elapsed_ms`` is its cost."""
+    actions = {r.request_id: r.action_label for r in requests}
+    t0 = time.perf_counter()
+    result = view.request_census(set(actions))
+    out = result.to_dict()
+    out["elapsed_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+    for h in out["held"]:
+        h["client_actions"] = sorted({actions.get(rid, "?") for rid in h["request_ids"]})
+    return out

@@ -28,7 +28,7 @@ Bounded, documented histories (allowed to be non-empty at idle, never above thei
 ``engine.records`` (the ``RequestRecord`` of every live sequence plus the finished history)
 and ``engine.finished_order`` (``Scheduler.finished_records``: ``EngineConfig.finished_history``
 finished sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
-references), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
+references), ``ledger.frees`` (as many calls of the free path), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
 ``num_cached_blocks``).
 """
 
@@ -39,10 +39,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.block_manager import FreeRecord, LedgerAnomaly, ReleaseRecord
+from vlite.engine.census import CensusResult, module_roots, request_census
 from vlite.engine.metrics import EngineStats
 from vlite.engine.request import RequestRecord
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.sequence import RequestOrigin, SeqId, Sequence
 
 # Registry name -> what it holds; empty at idle.
 REGISTRIES: dict[str, str] = {
@@ -65,6 +66,7 @@ HISTORIES: dict[str, str] = {
     "engine.records": "request records of live and recently finished sequences (attribution)",
     "engine.finished_order": "recently finished sequences, oldest first (bounded by finished_history)",
     "ledger.released": "released block references (bounded release history)",
+    "ledger.frees": "calls of the free path (bounded, as the release history)",
     "prefix_cache.index": "prefix-cache hash index (one entry per cached block)",
 }
 
@@ -221,6 +223,7 @@ class EngineView:
         return {"engine.records": HistorySize(num_records, keep + live),
                 "engine.finished_order": HistorySize(len(sched.finished_records), keep),
                 "ledger.released": HistorySize(len(bm.ledger.released), bm.ledger.released.maxlen or 0),
+                "ledger.frees": HistorySize(len(bm.ledger.frees), bm.ledger.frees.maxlen or 0),
                 "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
 
     def coverage(self) -> Coverage:
@@ -238,6 +241,10 @@ class EngineView:
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
                               e.scheduler.block_manager.num_cached_blocks, e.config.finished_history)
+
+    def frees(self) -> tuple[FreeRecord, ...]:
+        """The bounded history of calls of the free path (``BlockManager.free``), oldest first."""
+        return tuple(self._engine.scheduler.block_manager.ledger.frees)
 
     def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
         """The release history (oldest first), or only the records of ``block_ids``."""
@@ -275,6 +282,31 @@ class EngineView:
     def request_tokens(self, request_id: str) -> int:
         """Output tokens of a live request now: the most of any of its live sequences (0 if none)."""
         return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
+
+    def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
+                       max_objects: int = 500_000) -> CensusResult:
+        """Every container reachable from the engine (and the async engine serving it, and
+        ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
+        and server modules) that still holds an ended request's id, object or sequence id; with
+        the size of every container reached (``CensusResult.container_sizes``).
+
+        Call it at an idle point: a sequence id that is not live counts as ended. The bounded
+        histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
+        docs/leak-check.md), so never call it inside a step. See ``census.request_census``.
+        """
+        sched = self._engine.scheduler
+        bm = sched.block_manager
+        live = self._live_sequences()
+        names = {sid: rec.origin.request_id for sid, rec in list(sched.finished_records.items())}
+        roots = {"engine": self._engine}
+        if self._async is not None:
+            roots["async_engine"] = self._async
+        roots.update(extra_roots or {})
+        roots.update(module_roots())
+        return request_census(roots, ended_request_ids,
+                              skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
+                                    bm.ledger._anomalies],  # anomalies are reported as such
+                              seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""

@@ -51,6 +51,17 @@ class RequestOrigin:
     client_action: str | None = None
 
 
+class SeqId(int):
+    """A sequence id: an ``int`` whose type marks it as one, so the leak check's census
+    (``census.request_census``) can tell a map keyed by sequence ids from one keyed by block
+    ids or counts. It hashes and compares as the plain ``int``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
 _seq_counter = itertools.count()
 
 
@@ -64,7 +75,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, origin: RequestOrigin,
                  eos_token_ids: frozenset[int] = frozenset(), index: int = 0) -> None:
-        self.seq_id: int = next(_seq_counter)
+        self.seq_id: int = SeqId(next(_seq_counter))
         self.request_id = request_id
         self.index = index  # output index within its request (n > 1, beams)
         self.parent_seq_id: int | None = None  # set on forked sequences

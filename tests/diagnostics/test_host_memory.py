@@ -1,0 +1,120 @@
+"""Host memory gets its own verdict (issue 33, item 4): planted host leaks that hold no request id
+are HOST-LEAK, named by the container that keeps growing; a clean run is not flagged."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from conftest import make_engine
+
+from vlite.diagnostics.client import IdlePoint
+from vlite.diagnostics.host_memory import host_memory_check, plateau_test
+from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.workload import synthetic_workload
+
+
+def _specs():
+    return synthetic_workload(48, input_len=(8, 30), output_len=(4, 8), abort_rate=0.25, abort_mode="mix", seed=7)
+
+
+def _run(engine):
+    return run_in_process(engine, _specs(), max_concurrency=8, idle_every=6, sample_interval_s=0.05)
+
+
+def _block_id_list(engine):
+    """vllm#44175: a list that gets every allocated block id and is never emptied."""
+    bm = engine.scheduler.block_manager
+    bm.new_block_ids = []
+    pop = bm._pop_free_block
+
+    def pop_free_block(self):
+        block_id = pop()
+        self.new_block_ids.append(block_id)
+        return block_id
+
+    bm._pop_free_block = types.MethodType(pop_free_block, bm)
+    return "engine.scheduler.block_manager.new_block_ids"
+
+
+def _tensor_cache(engine):
+    """A per-request CPU tensor kept in a cache (keyed by the step, not by the request)."""
+    processor = engine.output_processor
+    processor.last_logits = []
+    make_output = processor.make_output
+
+    def keep(self, req):
+        out = make_output(req)
+        if out.finished:
+            self.last_logits.append(torch.zeros(256))
+        return out
+
+    processor.make_output = types.MethodType(keep, processor)
+    return "engine.output_processor.last_logits"
+
+
+_INTERNED: dict[str, str] = {}
+
+
+def _interned_prompts(engine):
+    """A per-request string interned into a module-level dict (keyed by the prompt text)."""
+    module = sys.modules["vlite.engine.output_processor"]
+    module._INTERNED = _INTERNED
+    _INTERNED.clear()
+    make_output = engine.output_processor.make_output
+
+    def intern(self, req):
+        out = make_output(req)
+        if out.finished:
+            _INTERNED[sys.intern(out.prompt + "#" + out.request_id[::-1])] = "seen"
+        return out
+
+    engine.output_processor.make_output = types.MethodType(intern, engine.output_processor)
+    return "vlite.engine.output_processor._INTERNED"
+
+
+@pytest.mark.parametrize("plant", [_block_id_list, _tensor_cache, _interned_prompts])
+def test_a_planted_host_leak_is_host_leak_named_by_its_container(tiny_checkpoint, plant):
+    engine = make_engine(tiny_checkpoint, num_blocks=128)
+    path = plant(engine)
+    try:
+        f = _run(engine).findings
+    finally:
+        sys.modules["vlite.engine.output_processor"].__dict__.pop("_INTERNED", None)
+    assert not f.leak, f.summary()  # blocks and per-request state are clean
+    assert f.verdict == "HOST-LEAK", (f.summary(), f.host_memory)
+    assert [g["path"] for g in f.host_memory["growing"]] == [path]
+    assert f.host_memory["growing"][0]["entries_per_request"] > 0.2
+    assert path in f.summary()
+
+
+def test_a_clean_run_has_no_host_leak(tiny_checkpoint):
+    f = _run(make_engine(tiny_checkpoint, num_blocks=128)).findings
+    assert f.verdict == "CLEAN", f.summary()
+    assert f.host_memory["verdict"] in ("below threshold", "warm-up") and f.host_memory["growing"] == []
+    assert f.host_memory["n"] >= 8
+
+
+def _points(sizes, anon):
+    return [IdlePoint(float(i), 10 * i, 0, None, {"anon_swap_bytes": a, "containers": {"engine.cache": s}})
+            for i, (s, a) in enumerate(zip(sizes, anon))]
+
+
+def test_growth_that_levels_off_is_warm_up_and_growth_that_keeps_its_slope_is_a_leak():
+    flat_late = [0, 40, 80, 100, 100, 101, 100, 101]  # a cache that fills, then stays
+    steady = [0, 10, 20, 30, 40, 50, 60, 70]  # one entry per request, all run long
+    mib = 2**20
+    warm_anon = [100 * mib, 140 * mib, 170 * mib, 180 * mib, 180 * mib, 181 * mib, 180 * mib, 181 * mib]
+    assert host_memory_check(_points(flat_late, warm_anon))["verdict"] == "warm-up"
+    leak = host_memory_check(_points(steady, [100 * mib] * 8))
+    assert leak["verdict"] == "HOST-LEAK" and leak["growing"][0]["entries_per_request"] == pytest.approx(1.0)
+    anon_leak = host_memory_check(_points([5] * 8, [100 * mib + i * 10 * 256 * 1024 for i in range(8)]))
+    assert anon_leak["verdict"] == "HOST-LEAK" and anon_leak["growing"] == []
+    assert host_memory_check(_points(steady[:4], [0] * 4))["verdict"] == "too few idle points"
+
+
+def test_plateau_test_fits_the_later_half():
+    t = plateau_test([0, 1, 2, 3, 4, 5], [0, 5, 10, 10, 10, 10], 0.1)
+    assert t["slope"] > 1 and t["late_slope"] == pytest.approx(0.0) and t["warm_up"] and not t["keeps_growing"]

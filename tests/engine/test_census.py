@@ -1,0 +1,178 @@
+"""The request-id census finds per-request state nobody registered (issue 33, item 1)."""
+
+from __future__ import annotations
+
+import collections
+import gc
+
+import pytest
+
+from vlite.engine.census import request_census
+from vlite.engine.sequence import SeqId
+
+
+class _Holder:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+class _Slotted:
+    __slots__ = ("cache",)
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+
+class _RequestState:  # a client's own per-request object: known by its request_id
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.text = "partial"
+
+
+def _paths(result) -> dict[str, tuple]:
+    return {h.path: (h.kind, h.request_ids) for h in result.held}
+
+
+def test_census_names_each_container_by_its_path_and_how_it_holds_the_ids():
+    root = _Holder(
+        output_processor=_Holder(holdback={"r-1": 3, "r-live": 1}),
+        grammar=_Slotted(cache=collections.deque([_RequestState("r-2")])),
+        tags={"r-3"},
+        last_request_id="r-4",
+        by_seq={SeqId(7): [1, 2], SeqId(8): [3]},
+        ledger={(SeqId(9), 4): "entry"},
+        counts={7: 1, 8: 2},  # plain ints that equal sequence ids are not sequence ids
+    )
+    result = request_census({"engine": root}, {"r-1", "r-2", "r-3", "r-4"}, seq_id_type=SeqId,
+                            live_seq_ids={8}, seq_names={7: "r-7"})
+    assert _paths(result) == {
+        "engine.output_processor.holdback": ("key", ("r-1",)),
+        "engine.grammar.cache": ("element", ("r-2",)),
+        "engine.tags": ("element", ("r-3",)),
+        "engine.last_request_id": ("attribute", ("r-4",)),
+        "engine.by_seq": ("key", ("r-7",)),
+        "engine.ledger": ("key", ("seq 9",)),
+    }
+    assert result.num_requests_held == 6
+    assert not result.truncated
+
+
+def test_census_finds_ended_requests_as_values_and_skips_bounded_histories():
+    history = collections.OrderedDict(a=_RequestState("r-1"))
+    root = _Holder(history=history, by_slot=[None, _RequestState("r-1")], ok={"r-live": _RequestState("r-live")})
+    result = request_census({"engine": root}, {"r-1"}, skip=[history])
+    assert _paths(result) == {"engine.by_slot": ("element", ("r-1",))}
+
+
+def test_census_reaches_objects_moved_to_the_permanent_generation_by_gc_freeze():
+    # vllm#44175 hid from gc.get_objects() behind gc.freeze(); references still reach it
+    leaky = _Holder(new_block_ids={"r-9": [1, 2, 3]})
+    gc.collect()
+    gc.freeze()
+    try:
+        assert leaky not in gc.get_objects()
+        result = request_census({"runner": _Holder(manager=leaky)}, {"r-9"})
+    finally:
+        gc.unfreeze()
+    assert _paths(result) == {"runner.manager.new_block_ids": ("key", ("r-9",))}
+
+
+def test_census_is_empty_when_nothing_holds_an_ended_request():
+    root = _Holder(m={"x": 1}, seqs={SeqId(1): 2})
+    result = request_census({"engine": root}, {"r-1"}, seq_id_type=SeqId, live_seq_ids={1})
+    assert result.held == ()
+    assert result.objects_visited >= 3
+
+
+def test_census_says_when_it_stopped_at_its_budget():
+    root = _Holder(chain=[[[[{"r-1": 1}]]]])
+    assert request_census({"engine": root}, {"r-1"}, max_objects=2).truncated
+    assert not request_census({"engine": root}, {"r-1"}).truncated
+
+
+@pytest.fixture(scope="module")
+def idle_engine(tiny_checkpoint):
+    """A tiny engine after a run of finished and aborted requests, idle."""
+    from conftest import make_engine
+
+    from vlite.engine import SamplingParams
+
+    engine = make_engine(tiny_checkpoint, num_blocks=32)
+    for i in range(6):
+        engine.add_request("a b c d e f g h " * (i + 1), SamplingParams(max_tokens=6, temperature=0), request_id=f"cz-{i}")
+    engine.step()
+    engine.abort("cz-5")
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine
+
+
+def test_a_clean_idle_engine_holds_no_ended_request(idle_engine):
+    from vlite.engine import EngineView
+
+    result = EngineView(idle_engine).request_census({f"cz-{i}" for i in range(6)})
+    assert result.held == ()
+
+
+def test_the_census_finds_an_unregistered_map_in_the_engine(idle_engine):
+    from vlite.engine import EngineView
+
+    processor = idle_engine.output_processor
+    processor.holdback_by_request = {"cz-3": "partial stop string"}  # nobody registered this map
+    try:
+        result = EngineView(idle_engine).request_census({f"cz-{i}" for i in range(6)})
+    finally:
+        del processor.holdback_by_request
+    assert _paths(result) == {"engine.output_processor.holdback_by_request": ("key", ("cz-3",))}
+
+
+# Registry name -> how to plant one ended entry in it (the map as the engine holds it).
+_PLANT = {
+    "scheduler.requests": lambda e, s: e.scheduler.requests.__setitem__(s.request_id, _Holder(live=[])),
+    "scheduler.waiting": lambda e, s: e.scheduler.waiting.append(s),
+    "scheduler.running": lambda e, s: e.scheduler.running.append(s),
+    "engine.groups": lambda e, s: e.scheduler.requests.__setitem__(
+        "other-id", _Holder(request_id="other-id", live=[s])),
+    "block_tables": lambda e, s: e.scheduler.block_manager.block_tables.__setitem__(s.seq_id, [0]),
+    "prefix_hash_progress": lambda e, s: e.scheduler.block_manager._num_hashed.__setitem__(s.seq_id, 1),
+    "ledger.held": lambda e, s: e.scheduler.block_manager.ledger._held.__setitem__((s.seq_id, 0), None),
+    "structured_output.matchers": lambda e, s: e.scheduler.structured_output.matchers.__setitem__(s.seq_id, None),
+}
+# pending_copies holds (src, dst) block ids with no request identity: only the registry sees it.
+_REGISTRY_ONLY = {"pending_copies"}
+
+
+def test_every_registered_map_is_planted_here_or_said_to_be_registry_only():
+    from vlite.engine.introspection import REGISTRIES
+
+    assert set(REGISTRIES) == set(_PLANT) | _REGISTRY_ONLY
+
+
+@pytest.mark.parametrize("registry", sorted(_PLANT))
+def test_the_census_finds_an_ended_entry_in_every_registered_map(idle_engine, registry):
+    from vlite.engine import EngineView, SamplingParams
+    from vlite.engine.sequence import RequestOrigin, Sequence
+
+    seq = Sequence("cz-0", "x", [1, 2], SamplingParams(max_tokens=1), RequestOrigin("cz-0"))
+    saved = _state(idle_engine)
+    try:
+        _PLANT[registry](idle_engine, seq)
+        result = EngineView(idle_engine).request_census({f"cz-{i}" for i in range(6)})
+    finally:
+        _restore(idle_engine, saved)
+    assert result.held, registry
+    assert all(set(h.request_ids) <= {"cz-0", f"seq {int(seq.seq_id)}"} for h in result.held)
+
+
+def _state(engine):
+    s, bm = engine.scheduler, engine.scheduler.block_manager
+    return (dict(s.requests), list(s.waiting), list(s.running), dict(bm.block_tables), dict(bm._num_hashed),
+            dict(bm.ledger._held), dict(s.structured_output.matchers))
+
+
+def _restore(engine, saved):
+    s, bm = engine.scheduler, engine.scheduler.block_manager
+    for live, old in zip((s.requests, s.waiting, s.running, bm.block_tables, bm._num_hashed, bm.ledger._held,
+                          s.structured_output.matchers), saved):
+        live.clear()
+        (live.update if isinstance(live, dict) else live.extend)(old)

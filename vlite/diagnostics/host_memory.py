@@ -1,0 +1,140 @@
+"""Host-memory check: growth per request served, with a warm-up plateau test, and its own verdict.
+
+Process RSS rises on every clean run (allocator warm-up, caches filling), so a fit over the whole
+run cannot tell warm-up from a leak (llama.cpp#28933 was such a false alarm). The plateau test
+fits only the later half of the idle points: growth that stops there is warm-up; growth that
+keeps its slope is a leak (vllm#44175 grew 0.57 GiB over 12 h at a steady slope).
+
+Two series are tested, both read at the idle points (``IdlePoint.host``):
+
+* ``containers``: the size (entries) of every container reachable from the engine, by path (the
+  request-id census walk, ``EngineView.request_census``). A container that keeps growing per
+  request is a host leak named by where it lives, e.g. a list of block ids that nobody empties
+  (vllm#44175's ``new_block_ids``) or a per-request cache. Exact, so a few entries per request
+  are a verdict.
+* ``anon_swap_bytes``: anonymous RSS plus swap of the engine's processes (``RssAnon`` + ``VmSwap``
+  from ``/proc/PID/status``, summed over the process and its workers): growth hidden in swap
+  counts too (Ollama#18106). Noisy at small scale, so its threshold is in KiB per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+# A container keeps growing when its late slope's 95% CI stays above this (entries/request) and it
+# gained at least MIN_CONTAINER_GROWTH entries over the late half.
+CONTAINER_SLOPE = 0.2
+MIN_CONTAINER_GROWTH = 5
+# Anonymous RSS + swap keeps growing when its late slope's 95% CI stays above this (bytes/request).
+ANON_SLOPE_BYTES = 64 * 1024
+MIN_POINTS = 6  # idle points for a plateau test (3 in each half at least)
+
+
+def anon_swap_bytes(pids: Iterable[int]) -> int | None:
+    """``RssAnon`` + ``VmSwap`` (bytes) summed over ``pids`` from ``/proc/PID/status``; None where
+    /proc is not there (not Linux) or a process is gone."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            return None
+        for key in ("RssAnon", "VmSwap"):
+            if key in fields:
+                total += int(fields[key].split()[0]) * 1024  # kB in /proc
+    return total
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float, float] | None:
+    """(slope, ci95 low, ci95 high) of ys on xs; None when xs do not vary."""
+    if len(xs) < 3 or len(set(xs)) < 2:
+        return None
+    from scipy import stats
+
+    fit = stats.linregress(xs, ys)
+    half = stats.t.ppf(0.975, len(xs) - 2) * fit.stderr if math.isfinite(fit.stderr) else 0.0
+    return float(fit.slope), float(fit.slope - half), float(fit.slope + half)
+
+
+def plateau_test(xs: list[float], ys: list[float], threshold: float) -> dict:
+    """Fit the whole series and its later half (by idle point). ``keeps_growing``: the later
+    half's slope CI lies above ``threshold``; ``warm_up``: the whole run rises but the later half
+    does not. Slopes are in y-units per x-unit (per request served)."""
+    out = {"n": len(xs), "first": ys[0] if ys else None, "last": ys[-1] if ys else None,
+           "slope": None, "late_slope": None, "late_ci95": None, "keeps_growing": False, "warm_up": False}
+    whole = _fit(xs, ys)
+    half = len(xs) // 2
+    late = _fit(xs[half:], ys[half:])
+    if whole is not None:
+        out["slope"] = whole[0]
+    if late is not None:
+        out["late_slope"], out["late_ci95"] = late[0], (late[1], late[2])
+        out["keeps_growing"] = late[1] > threshold
+        out["warm_up"] = not out["keeps_growing"] and whole is not None and whole[1] > threshold
+    return out
+
+
+def host_memory_check(points: list) -> dict:
+    """The host-memory verdict from idle points that carry ``host`` readings.
+
+    Returns ``verdict``: ``"HOST-LEAK"`` (a container or anonymous memory keeps its slope past
+    warm-up), ``"warm-up"`` (anonymous memory rose above the threshold over the run but levelled
+    off in its later half), ``"below threshold"`` or ``"too few idle points"``;
+    ``growing``: the containers that keep growing (path, entries per request, first -> last);
+    ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used.
+    """
+    pts = [p for p in points if getattr(p, "host", None)]
+    result = {"verdict": "too few idle points", "n": len(pts), "growing": [], "anon_swap": None,
+              "min_points": MIN_POINTS}
+    if len(pts) < MIN_POINTS:
+        return result
+    xs = [float(p.requests_completed) for p in pts]
+    anon = [p.host.get("anon_swap_bytes") for p in pts]
+    if all(a is not None for a in anon):
+        result["anon_swap"] = plateau_test(xs, [float(a) for a in anon], ANON_SLOPE_BYTES)
+    half = len(pts) // 2
+    late_paths = set.intersection(*(set(p.host.get("containers", {})) for p in pts[half:]))
+    for path in sorted(late_paths):
+        sizes = [float(p.host.get("containers", {}).get(path, 0)) for p in pts]
+        if sizes[-1] - sizes[half] < MIN_CONTAINER_GROWTH:
+            continue
+        test = plateau_test(xs, sizes, CONTAINER_SLOPE)
+        if test["keeps_growing"]:
+            result["growing"].append({"path": path, "entries_per_request": round(test["late_slope"], 3),
+                                      "first": int(sizes[0]), "last": int(sizes[-1])})
+    anon_test = result["anon_swap"] or {}
+    if result["growing"] or anon_test.get("keeps_growing"):
+        result["verdict"] = "HOST-LEAK"
+    elif anon_test.get("warm_up"):
+        result["verdict"] = "warm-up"
+    else:
+        result["verdict"] = "below threshold"
+    return result
+
+
+def lines(result: dict | None) -> list[str]:
+    """Human lines for the console and report.md."""
+    if not result:
+        return []
+    if result["verdict"] == "too few idle points":
+        return [f"host memory: {result['n']} idle points with host readings (the plateau test needs "
+                f"{result['min_points']}); no verdict"]
+    out = []
+    a = result.get("anon_swap")
+    if a and a.get("late_slope") is not None:
+        out.append(f"host memory (RssAnon + VmSwap): {a['first'] / 2**20:.1f} -> {a['last'] / 2**20:.1f} MiB; "
+                   f"late-half slope {a['late_slope'] / 1024:.1f} KiB/request (95% CI {a['late_ci95'][0] / 1024:.1f}"
+                   f" .. {a['late_ci95'][1] / 1024:.1f}; a leak above {ANON_SLOPE_BYTES // 1024} KiB/request)")
+    for g in result["growing"]:
+        out.append(f"HOST-LEAK: {g['path']} keeps growing: {g['first']} -> {g['last']} entries, "
+                   f"{g['entries_per_request']} per request after warm-up")
+    verdict = {"HOST-LEAK": "HOST-LEAK: host memory keeps its slope past warm-up",
+               "warm-up": "host memory: growth within warm-up (it levelled off in the later half of the run)",
+               "below threshold": (f"host memory: no container reachable from the engine keeps growing "
+                                   f"(> {CONTAINER_SLOPE} entries/request); anonymous memory below its threshold")
+               }[result["verdict"]]
+    if result["verdict"] != "HOST-LEAK" or not result["growing"]:
+        out.append(verdict)
+    return out

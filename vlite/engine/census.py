@@ -1,0 +1,235 @@
+"""Request-id census: every container reachable from the engine that still holds an ended request.
+
+The leak check's registry list (``introspection.REGISTRIES``) names the per-request maps someone
+thought of. The census finds the ones nobody registered: it walks the object graph from a few
+roots (the engine, the serving loop, the server's state) and reports every container that holds
+an ended request's id (a ``str``) or an object of one (anything whose ``request_id`` is an ended
+id: ``Request``, ``Sequence``, ``RequestRecord``, a client's own state object) as a key, a value,
+an element or an attribute. Each hit is named by its attribute path from the root, e.g.
+``engine.output_processor.holdback['lc-00017']``.
+
+Why walk references rather than ``gc.get_objects()``: objects that ``gc.freeze()`` moved to the
+permanent generation are missing from ``gc.get_objects()`` and from tracemalloc's growth diffs
+(that is how vLLM's ``new_block_ids`` list, vllm#44175, hid for months); references reach them.
+
+Bounded histories kept on purpose (the finished-request records kept for attribution, the
+release history) are passed in ``skip`` and not entered. Tensors, modules, classes and functions
+are not entered either: a per-request tensor is found through the map that keys it.
+
+Cost: one visit per reachable object; about 5-40 ms for a SmolLM2 engine (see docs/leak-check.md),
+so it runs only at idle points, never inside a step.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+_ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
+           types.TracebackType, types.MethodWrapperType, types.WrapperDescriptorType, types.GetSetDescriptorType,
+           types.MemberDescriptorType, property, staticmethod, classmethod)
+
+
+@dataclass(frozen=True)
+class HeldRequestState:
+    """One container that still holds ended requests.
+
+    path: attribute path from a root to the container (``engine.output_processor.holdback``);
+    kind: ``"key"`` | ``"value"`` | ``"element"`` | ``"attribute"`` (joined by ``+`` when a
+    map holds them as both, e.g. ``"key+value"``), how the ids are held;
+    container_type: the container's type name; request_ids: the ended requests it holds (sorted,
+    at most ``max_ids_per_container``); num_entries: how many entries hold ended requests
+    (the most of any one kind).
+    """
+
+    path: str
+    kind: str
+    container_type: str
+    request_ids: tuple[str, ...]
+    num_entries: int
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "container_type": self.container_type,
+                "request_ids": list(self.request_ids), "num_entries": self.num_entries}
+
+
+@dataclass(frozen=True)
+class CensusResult:
+    """The census of one idle point: the containers found, objects visited, whether the walk
+    stopped at ``max_objects`` (then some containers may be missing), and the size (entries) of
+    every non-empty container reached, by path: a host-memory leak that holds no request id (a
+    list of block ids growing per allocation, vllm#44175) shows as a container that keeps growing
+    from one idle point to the next (``diagnostics/host_memory.py``)."""
+
+    held: tuple[HeldRequestState, ...]
+    objects_visited: int
+    truncated: bool
+    container_sizes: Mapping[str, int] = field(default_factory=dict)  # path -> entries, every non-empty container
+
+    @property
+    def num_requests_held(self) -> int:
+        """Distinct ended requests held anywhere (counted from the reported ids)."""
+        return len({rid for h in self.held for rid in h.request_ids})
+
+    def to_dict(self) -> dict:
+        return {"held": [h.to_dict() for h in self.held], "objects_visited": self.objects_visited,
+                "truncated": self.truncated}  # sizes are per idle point: kept there, not in the report
+
+
+class _Match:
+    """What counts as an ended request: its id (str), a sequence id of ``seq_id_type`` that is not
+    live (named ``seq <id>`` or by its request where ``seq_names`` knows it), or an object whose
+    ``request_id`` is an ended id."""
+
+    def __init__(self, ended, seq_id_type, live_seq_ids, seq_names) -> None:
+        self.ended, self.seq_id_type, self.live, self.seq_names = ended, seq_id_type, live_seq_ids, seq_names
+
+    def __call__(self, obj: object) -> str | None:
+        if self.seq_id_type is not None and type(obj) is self.seq_id_type:
+            return None if obj in self.live else self.seq_names.get(obj, f"seq {int(obj)}")
+        return _request_id_of(obj, self.ended)
+
+
+def _request_id_of(obj: object, ended: frozenset[str] | set[str]) -> str | None:
+    """The ended request an object stands for: itself if an ended id, or its ``request_id``."""
+    if isinstance(obj, str):
+        return obj if obj in ended else None
+    if isinstance(obj, _ATOMS) or isinstance(obj, _OPAQUE):
+        return None
+    try:
+        rid = obj.__dict__.get("request_id") if hasattr(obj, "__dict__") else getattr(obj, "request_id", None)
+    except Exception:  # noqa: BLE001 - any object may be walked; a broken __getattr__ is not ours to fix
+        return None
+    return rid if isinstance(rid, str) and rid in ended else None
+
+
+def _is_tensor(obj: object) -> bool:
+    mod = type(obj).__module__
+    return mod.startswith("torch") or mod.startswith("numpy")
+
+
+def _children(obj: object) -> Iterable[tuple[str, str, object]]:
+    """(path suffix, kind, child) for everything an object holds; kind says how it is held."""
+    if isinstance(obj, Mapping) or isinstance(obj, (dict, types.MappingProxyType)):
+        try:
+            items = list(obj.items())
+        except Exception:  # noqa: BLE001 - a mapping that fails to iterate is skipped, not fatal
+            return
+        for k, v in items:
+            yield f"[{k!r}]", "key", k
+            yield f"[{k!r}]", "value", v
+        return
+    if isinstance(obj, (list, tuple, collections.deque)):
+        for i, v in enumerate(list(obj)):
+            yield f"[{i}]", "element", v
+        return
+    if isinstance(obj, (set, frozenset)):
+        for v in list(obj):
+            yield "{}", "element", v
+        return
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict):
+        for k, v in list(d.items()):
+            yield f".{k}", "attribute", v
+    slots = [s for cls in type(obj).__mro__ for s in getattr(cls, "__slots__", ())]
+    for s in slots if not isinstance(slots, str) else [slots]:
+        if s in ("__dict__", "__weakref__"):
+            continue
+        try:
+            yield f".{s}", "attribute", getattr(obj, s)
+        except AttributeError:
+            continue
+    if not isinstance(d, dict) and not slots:
+        # C-level containers and objects without __dict__ (e.g. a queue's internals): unnamed refs
+        for v in gc.get_referents(obj):
+            yield ".<ref>", "element", v
+
+
+def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: Iterable[object] = (),
+                   seq_id_type: type | None = None, live_seq_ids: Iterable[int] = (),
+                   seq_names: Mapping[int, str] | None = None,
+                   max_objects: int = 500_000, max_ids_per_container: int = 20) -> CensusResult:
+    """Walk everything reachable from ``roots`` and report each container holding ended requests.
+
+    roots: name -> object to start from (the name starts each path); ended: ids of requests that
+    have ended (at an idle point: every request the run submitted); skip: objects not to enter
+    (bounded histories kept on purpose); max_objects: visit budget (the result says truncated
+    when it is hit). seq_id_type: the type of sequence ids (``sequence.SeqId``): every instance
+    not in ``live_seq_ids`` counts as an ended request's, reported by ``seq_names[seq_id]`` (its
+    request id, where known) or ``"seq <id>"``. A matched object (an ended request's id or an object whose ``request_id``
+    is one) is reported in its container and not entered. Raises nothing for odd objects: what
+    cannot be iterated is skipped.
+    """
+    match = _Match(frozenset(ended), seq_id_type, frozenset(live_seq_ids), dict(seq_names or {}))
+    skipped = {id(o) for o in skip}
+    seen: set[int] = set(skipped)
+    hits: dict[str, tuple[str, dict[str, list[str]]]] = {}  # path -> (type, kind -> ids)
+    stack: list[tuple[str, object]] = []
+    for name, root in roots.items():
+        if root is not None and id(root) not in seen:
+            seen.add(id(root))
+            stack.append((name, root))
+    visited = 0
+    truncated = False
+    sizes: dict[str, int] = {}
+    while stack:
+        if visited >= max_objects:
+            truncated = True
+            break
+        path, obj = stack.pop()
+        visited += 1
+        if isinstance(obj, (dict, list, set, frozenset, collections.deque, tuple)) and len(obj) and \
+                not isinstance(obj, tuple):
+            sizes[path] = len(obj)
+        for suffix, kind, child in _children(obj):
+            rid = match(child)
+            if rid is None and kind == "key" and isinstance(child, tuple):
+                # a compound key, e.g. the ledger's (seq_id, block_id)
+                rid = next((r for r in map(match, child) if r is not None), None)
+            if rid is not None:
+                # a string held as an object's attribute is owned by that object: report the object
+                where = path + suffix if kind == "attribute" else path
+                if kind == "attribute" and match(obj) is not None:
+                    continue  # the object is itself an ended request's: reported where it is held
+                hits.setdefault(where, (type(obj).__name__, {}))[1].setdefault(kind, []).append(rid)
+                continue
+            if isinstance(child, _ATOMS) or isinstance(child, _OPAQUE) or _is_tensor(child):
+                continue
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            stack.append((path + suffix, child))
+    held = []
+    for where, (tname, by_kind) in sorted(hits.items()):
+        uniq = sorted({rid for ids in by_kind.values() for rid in ids})
+        held.append(HeldRequestState(where, "+".join(sorted(by_kind)), tname, tuple(uniq[:max_ids_per_container]),
+                                     max(len(ids) for ids in by_kind.values())))
+    return CensusResult(tuple(held), visited, truncated, sizes)
+
+
+def module_roots(prefixes: tuple[str, ...] = ("vlite.engine", "vlite.kernels", "vlite.entrypoints")) -> dict[str, object]:
+    """Module-level and class-level containers of the loaded modules under ``prefixes`` (not the
+    leak checker's own), as census
+    roots named by their dotted path (``vlite.engine.sampler._CACHE``): state that no instance
+    holds (a module cache, a class-level registry) is reached too."""
+    import sys
+
+    roots: dict[str, object] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefixes) or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and value.__module__ == name:
+                for cattr, cvalue in list(vars(value).items()):
+                    if cattr.startswith("_") and cattr.endswith("_"):
+                        continue  # dunders, dataclass fields, Enum tables: the class's own machinery
+                    if isinstance(cvalue, (dict, list, set, collections.deque)):
+                        roots[f"{name}.{attr}.{cattr}"] = cvalue
+            elif isinstance(value, (dict, list, set, collections.deque)) and not attr.startswith("__"):
+                roots[f"{name}.{attr}"] = value
+    return roots
