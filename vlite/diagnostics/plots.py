@@ -96,7 +96,8 @@ def memory_series(df: pd.DataFrame, bytes_per_block: int | None) -> list[tuple[s
 def _growth_text(run) -> str:
     """The fitted RSS growth per request at idle troughs and the verdict, for the plot."""
     trends = [t for t in run.findings.trends if t.metric == "rss_bytes"]
-    verdict = f"verdict: {run.findings.verdict} (it rests on KV blocks and\nper-request state, not on memory)"
+    verdict = (f"verdict: {run.findings.verdict} (this RSS fit is informational: the verdict rests on\n"
+               "KV blocks, per-request state and the host-memory check)")
     if not trends or trends[0].slope is None:
         n = trends[0].n if trends else 0
         return f"RSS growth per request: not fitted\n({n} idle points after warm-up, 3 needed)\n{verdict}"
