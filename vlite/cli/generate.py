@@ -94,7 +94,7 @@ def generate(
 def _check_lengths(texts: list[str], shown: list[str], max_tokens: int, meta, config) -> None:
     """Exit 2 before the model loads if a prompt plus ``--max-tokens`` exceeds the model length
     (``--max-model-len``, else the model's limit), naming the prompt and the largest values that fit."""
-    from vlite.engine.llm_engine import derive_max_model_len
+    from vlite.engine import derive_max_model_len
 
     max_len = derive_max_model_len(meta.config, config.scheduler.max_model_len)
     for i, (text, typed) in enumerate(zip(texts, shown), 1):
