@@ -104,18 +104,30 @@ class BenchRunError(RuntimeError):
     """Requests of a benchmark run ended in an engine error, so the run has no valid figure."""
 
 
-def load_hf_model(model_path: str, dtype: str = "float32"):
-    """transformers' AutoModelForCausalLM from a local directory, in eval mode on CPU."""
+def load_hf_model(model_path: str, dtype: str = "float32", device: torch.device | str = "cpu"):
+    """transformers' AutoModelForCausalLM from a local directory, in eval mode on ``device``
+    (the device vlite ran on, so the baseline is compared on the same hardware).
+
+    Raises:
+        ValueError: a dtype other than float32 or bfloat16, or a device this torch lacks.
+    """
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
+    if dtype not in _DTYPES:
+        raise ValueError(f"the transformers baseline takes dtype float32 or bfloat16, got {dtype!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for the transformers baseline, but this torch sees no CUDA device")
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).to(device).eval()
 
 
 @torch.inference_mode()
 def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_batch_size: int = 64,
                   show_progress: bool = True) -> GenerationRun:
-    """Left-padded static batches of at most ``max_batch_size`` requests, in request order."""
+    """Left-padded static batches of at most ``max_batch_size`` requests, in request order, on
+    the model's device (the timing ends after the last batch's tokens are back on the host)."""
     progress = progress_bar(show_progress)
+    device = next(model.parameters()).device
     token_ids: list[list[int]] = []
     start = time.perf_counter()
     with progress:
@@ -129,10 +141,10 @@ def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_b
                 ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
                 mask[i, width - r.prompt_len:] = 1
             max_new = max(r.expected_output_len for r in batch)
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+            out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new, min_new_tokens=max_new,
                                  do_sample=False, eos_token_id=None, pad_token_id=pad_token_id)
             for i, r in enumerate(batch):
-                token_ids.append(out[i, width:width + r.expected_output_len].tolist())
+                token_ids.append(out[i, width:width + r.expected_output_len].tolist())  # a device sync
             progress.advance(task, len(batch))
     return GenerationRun("hf-static", time.perf_counter() - start, token_ids)
 

@@ -138,8 +138,10 @@ def throughput(
                              num_prefixes, seed, output_len_given=output_len is not None)
     import torch
 
-    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {common.plural(len(requests), 'request')}, "
-                             f"torch threads {torch.get_num_threads()}, CPU GEMM {engine.cpu_gemm or '-'}")
+    device = engine.device
+    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, device {device}, "
+                             f"{common.plural(len(requests), 'request')}, torch threads {torch.get_num_threads()}, "
+                             f"CPU GEMM {engine.cpu_gemm or '-'}")
     with graceful_interrupt("the benchmark") as stop:
         try:
             result = runners.run_vlite(engine, requests, show_progress=progress, stop=stop)
@@ -152,7 +154,9 @@ def throughput(
         print(_throughput_line(summary))
         print(f"Total num prompt tokens:  {summary['total_prompt_tokens']}")
         print(f"Total num output tokens:  {summary['total_output_tokens']}")
-        data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype, cpu_gemm=engine.cpu_gemm,
+        print(f"Device: {device}")
+        data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype, device=str(device),
+                    cpu_gemm=engine.cpu_gemm,
                     num_preemptions=engine.stats().num_preemptions_total, enable_ledger=not disable_ledger)
         if result.finished is not None:
             data["interrupted"] = True
@@ -160,7 +164,12 @@ def throughput(
             raise typer.Exit(EXIT_INTERRUPTED)
     if backend == "hf":
         del engine  # free the KV cache before loading the second model
-        hf_model = runners.load_hf_model(str(_model_dir(model)), dtype)
+        if device.type == "cuda":
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        hf_model = runners.load_hf_model(str(_model_dir(model)), dtype, device)  # vlite's device
         pad = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
         data["baselines"] = {}
         for mode in modes:
@@ -171,10 +180,10 @@ def throughput(
             s = base.summary(requests)
             ratio = summary["output_tokens_per_second"] / s["output_tokens_per_second"]
             agree = runners.token_agreement(result.token_ids, base.token_ids)
-            print(f"[{base.backend}] {_throughput_line(s)}")
+            print(f"[{base.backend} on {device}] {_throughput_line(s)}")
             print(f"vlite / {base.backend}: {ratio:.2f}x output tokens/s; greedy tokens equal at "
                   f"{agree['positions'] * 100:.1f}% of positions ({agree['identical'] * 100:.0f}% of requests identical)")
-            data["baselines"][base.backend] = dict(s, ratio=ratio, token_agreement=agree)
+            data["baselines"][base.backend] = dict(s, ratio=ratio, token_agreement=agree, device=str(device))
     _write_json(output_json, data)
 
 
