@@ -217,7 +217,7 @@ def test_the_circle_finder_sees_a_circle():  # the check above is not vacuous
 _FLOORS = [
     ("vlite.env", "vlite"),
     ("vlite.kernels",),
-    ("vlite.engine.config", "vlite.engine.metrics", "vlite.engine.sampling_params"),
+    ("vlite.engine.config", "vlite.engine.kv_cache_fit", "vlite.engine.metrics", "vlite.engine.sampling_params"),
     ("vlite.engine.core",),
     ("vlite.engine.worker",),
     ("vlite.engine.outputs", "vlite.engine.output_processor", "vlite.engine.protocol", "vlite.engine.arg_utils",

@@ -33,9 +33,14 @@ class GenerationRun:
     backend: str
     elapsed_s: float
     token_ids: list[list[int]]
+    # Stopped early (Ctrl-C): the indices of the requests that finished; None for a whole run.
+    finished: list[int] | None = None
 
     def summary(self, requests: list[SampleRequest]) -> dict[str, float]:
-        """vLLM's throughput numbers; prompt and output totals count what was requested."""
+        """vLLM's throughput numbers; prompt and output totals count what was requested (of an
+        interrupted run: of the requests that finished, over the time until the interruption)."""
+        if self.finished is not None:
+            requests = [requests[i] for i in self.finished]
         prompt = sum(r.prompt_len for r in requests)
         output = sum(r.expected_output_len for r in requests)
         return {
@@ -59,11 +64,14 @@ def progress_bar(enabled: bool = True):
 
 
 def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True, temperature: float = 0.0,
-              warmup: bool = True) -> GenerationRun:
+              warmup: bool = True, stop=None) -> GenerationRun:
     """All requests through ``engine.generate`` (continuous batching), greedy unless ``temperature`` > 0.
 
     Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
     batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
+
+    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): the run ends there; the result counts
+    the requests that finished (``finished``), over the time until then.
 
     Raises:
         BenchRunError: a request ended in an engine error (no figure is computed from such a run).
@@ -76,8 +84,15 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
     params = [SamplingParams(max_tokens=r.expected_output_len, temperature=temperature, ignore_eos=True,
                              seed=0 if temperature > 0 else None) for r in requests]
     start = time.perf_counter()
-    outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress)
+    outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress, stop=stop)
     elapsed = time.perf_counter() - start
+    if stop is not None and stop.is_set():  # interrupted: the finished requests only
+        done = [i for i, o in enumerate(outs) if o is not None]
+        failed = [outs[i] for i in done if outs[i].error or outs[i].outputs[0].finish_reason == "error"]
+        if failed:
+            raise BenchRunError(f"{len(failed)} of {len(done)} finished requests failed in the engine, e.g. "
+                                f"{failed[0].request_id}: {failed[0].error or 'finish_reason error'}")
+        return GenerationRun("vlite", elapsed, [list(outs[i].outputs[0].token_ids) for i in done], finished=done)
     failed = [o for o in outs if o.error or o.outputs[0].finish_reason == "error"]
     if failed:  # a throughput over tokens that were never generated would be a false figure
         raise BenchRunError(f"{len(failed)} of {len(outs)} requests failed in the engine, e.g. "

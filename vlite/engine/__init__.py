@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         blocks_document,
         view_dict,
     )
-    from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config
+    from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config, derive_max_model_len
     from vlite.engine.serving import (
         AsyncEngineClient,
         AsyncLLMEngine,
@@ -66,6 +66,7 @@ _LAZY = {
     "LLMEngine": "vlite.engine.llm_engine",
     "RequestRejectedError": "vlite.engine.llm_engine",
     "check_engine_config": "vlite.engine.llm_engine",
+    "derive_max_model_len": "vlite.engine.llm_engine",
     "AsyncEngineClient": "vlite.engine.serving",
     "AsyncLLMEngine": "vlite.engine.serving",
     "EngineNotRunningError": "vlite.engine.serving",
@@ -142,6 +143,7 @@ __all__ = [
     "SchedulerConfig",
     "SequenceStatus",
     "check_engine_config",
+    "derive_max_model_len",
     "StructuredOutputsParams",
     "blocks_document",
     "view_dict",

@@ -32,7 +32,8 @@ def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20)
 def print_verdict(findings, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
-    color = "red" if f.leak or f.host_leak else "yellow" if f.zombie or f.inconclusive else "green"
+    verdict = f.verdict
+    color = "red" if verdict in ("LEAK", "HOST-LEAK") else "green" if verdict == "CLEAN" else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 

@@ -13,7 +13,8 @@ from vlite.diagnostics.workload.sources import RequestSpec
 class RequestResult:
     """What happened to one replayed request, as the client saw it.
 
-    outcome: finished | aborted | rejected | error | abort-raised | lost.
+    outcome: finished | aborted | rejected | error | abort-raised | lost | not-sent (the run was
+    interrupted first).
     times are ``time.time()`` seconds; ``detail`` says what the client observed
     (e.g. "aborted during prefill, 32/97 prompt tokens cached").
     """
@@ -55,6 +56,8 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
     gauge_lags: list[float] = field(default_factory=list)
+    # Set when the replay was stopped early (Ctrl-C): what happened, in words; None for a full run.
+    interrupted: str | None = None
 
 
 def render_prompt(tokenizer, spec: RequestSpec) -> str:
