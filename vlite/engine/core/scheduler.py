@@ -22,6 +22,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
+from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.detokenizer import find_stop_string
 from vlite.engine.core.faults import FaultSet, PlantedFault
 from vlite.engine.core.kv_cache_manager import KVCacheManager
@@ -82,6 +83,9 @@ class Scheduler:
         # sequences by the state they were in, beams pruned.
         self.finish_counts: Counter[str] = Counter()
         self.abort_states: Counter[str] = Counter()
+        # coverage of the request API: requests by feature, aborted sequences by "family: state"
+        self.feature_counts: Counter[str] = Counter()
+        self.aborts_by_family: Counter[str] = Counter()
         self.num_beam_prunes = 0
 
     # ---- queue management ----------------------------------------------------------------
@@ -103,6 +107,7 @@ class Scheduler:
             raise
         self.requests[request.request_id] = request
         self.waiting.extend(request.live)
+        self.feature_counts.update(request_features(request.params))
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a new request made of one sequence (no beam search)."""
@@ -453,8 +458,10 @@ class Scheduler:
             sequence of the request has been taken out of the queues.
         """
         seqs = list(self.requests.get(request_id, ()))
+        family = request_family(self.requests[request_id].params) if seqs else None
         for seq in seqs:
             self.abort_states[_abort_state(seq)] += 1
+            self.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
         errors = []
         for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
             try:
