@@ -8,7 +8,6 @@ imports engine names from here only. Names whose modules load torch or transform
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from vlite.engine.arg_utils import EngineArgs
@@ -39,6 +38,7 @@ from vlite.engine.sampling_params import (
     StructuredOutputsParams,
 )
 from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
+from vlite.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from vlite.engine.introspection import (
@@ -84,14 +84,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    """PEP 562: import a torch-heavy public name on first use (AttributeError for others)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vlite.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr("vlite.engine", globals(), _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -19,6 +19,7 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
+from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
 
@@ -169,9 +170,7 @@ def plot_usage(res: BlackboxResult, path: Path) -> None:
     for ax in (top, bottom):
         ax.legend(fontsize=8, loc="upper left")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def plot_memory(res: BlackboxResult, path: Path) -> None:
@@ -191,9 +190,7 @@ def plot_memory(res: BlackboxResult, path: Path) -> None:
     if drawn:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def plot_fit(res: BlackboxResult, path: Path) -> None:
@@ -213,9 +210,7 @@ def plot_fit(res: BlackboxResult, path: Path) -> None:
         ax.text(0.5, 0.5, "no fit (nothing leaked, or no waves)", ha="center", va="center")
         ax.set_axis_off()
     ax.set_title("Black-box attribution: residual per request, by client action", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def plot_troughs(res: BlackboxResult, path: Path) -> None:
@@ -232,9 +227,7 @@ def plot_troughs(res: BlackboxResult, path: Path) -> None:
     ax.set_title("Troughs: a clean server returns to its baseline at every idle point", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def write_blackbox_report(res: BlackboxResult, out_dir: Path) -> Path:

@@ -23,12 +23,13 @@ def _events(run) -> tuple[list[float], list[float]]:
 
 def plot_blocks(run, path: Path) -> None:
     """Write ``blocks_figure(run)`` to ``path`` (PNG)."""
-    _save(blocks_figure(run), path)
+    save_figure(blocks_figure(run), path)
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """Lay out ``fig``, write it to ``path`` as a PNG at ``dpi`` and free it (every report figure ends here)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 
@@ -111,7 +112,7 @@ def _growth_text(run) -> str:
 
 def plot_memory(run, path: Path) -> None:
     """Write ``memory_figure(run)`` to ``path`` (PNG)."""
-    _save(memory_figure(run), path)
+    save_figure(memory_figure(run), path)
 
 
 def memory_figure(run):
@@ -188,9 +189,7 @@ def plot_leaks_by_action(run, path: Path) -> None:
         ax.text(0.5, 0.5, "no blocks held at quiescence", ha="center", va="center", fontsize=12)
         ax.set_axis_off()
     ax.set_title("Blocks still held after drain, by client action", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_troughs(run, path: Path) -> None:
@@ -208,9 +207,7 @@ def plot_troughs(run, path: Path) -> None:
     ax.set_title("Troughs: a clean engine returns to its baseline after every wave", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_plots(run, out_dir: Path) -> list[str]:

@@ -13,7 +13,7 @@ package (``faults``, ``sequence``) does not import torch.
 
 from __future__ import annotations
 
-import importlib
+from vlite.lazy import lazy_getattr
 
 _LAZY = {
     "Scheduler": "vlite.engine.core.scheduler",
@@ -38,12 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    """PEP 562: import a public name's module on first use (AttributeError for others)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vlite.engine.core' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("vlite.engine.core", globals(), _LAZY)
 
 
 __all__ = sorted(_LAZY)

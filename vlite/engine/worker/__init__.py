@@ -12,7 +12,7 @@ does not import torch.
 
 from __future__ import annotations
 
-import importlib
+from vlite.lazy import lazy_getattr
 
 _LAZY = {
     "Executor": "vlite.engine.worker.executor",
@@ -30,12 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    """PEP 562: import a public name's module on first use (AttributeError for others)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vlite.engine.worker' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("vlite.engine.worker", globals(), _LAZY)
 
 
 __all__ = sorted(_LAZY)
