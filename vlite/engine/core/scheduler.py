@@ -22,13 +22,13 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.detokenizer import find_stop_string
 from vlite.engine.core.faults import FaultSet, PlantedFault
 from vlite.engine.core.kv_cache_manager import KVCacheManager
 from vlite.engine.core.ledger import AllocationSite
 from vlite.engine.core.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
 from vlite.engine.core.request import Request, RequestRecord
+from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
 from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from vlite.engine.core.structured_output import StructuredOutputManager
