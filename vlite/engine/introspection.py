@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
@@ -293,7 +293,7 @@ class EngineView:
         return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
 
     def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
-                       max_objects: int = 500_000) -> CensusResult:
+                       skip: Iterable[object] = (), max_objects: int = 500_000) -> CensusResult:
         """Every container reachable from the engine (and the async engine serving it, and
         ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
         and server modules) that still holds an ended request's id, object or sequence id; with
@@ -301,7 +301,8 @@ class EngineView:
 
         Call it at an idle point: a sequence id that is not live counts as ended. The bounded
         histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
-        docs/leak-check.md), so never call it inside a step. See ``census.request_census``.
+        docs/leak-check.md), so never call it inside a step. ``skip``: more objects not to enter
+        (the caller's own bounded record of ended ids). See ``census.request_census``.
         """
         sched = self._engine.scheduler
         bm = sched.kv_cache_manager
@@ -314,7 +315,7 @@ class EngineView:
         roots.update(module_roots())
         return request_census(roots, ended_request_ids,
                               skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
-                                    bm.ledger._anomalies],  # anomalies are reported as such
+                                    bm.ledger._anomalies, *skip],  # anomalies are reported as such
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -40,6 +41,10 @@ class EngineStats:
     num_live_requests: int
     blocks: BlockStats
     coverage: object | None = None  # vlite.engine.introspection.Coverage: paths exercised so far
+    # The serving loop's last request-id census at an idle point: container path -> ended
+    # requests it still held (empty when nothing was held, or no census has run yet)
+    ended_requests_held: dict = dataclasses.field(default_factory=dict)
+    census_pending: int = 0  # requests ended since that census (0: its counts are current)
 
     @property
     def num_free_blocks(self) -> int:

@@ -76,6 +76,16 @@ class _EngineStatsCollector(Collector):
             c.add_metric([self.model_name], value)
             yield c
         yield from _coverage_families(self.model_name, s.coverage)
+        # the serving loop's request-id census at its last idle point (docs/leak-check.md)
+        g = GaugeMetricFamily("vlite:ended_requests_held", "Ended requests still held at the last idle point, "
+                              "by container (request-id census).", labels=["model_name", "container"])
+        for path, count in sorted((s.ended_requests_held or {}).items()):
+            g.add_metric([self.model_name, path], count)
+        yield g
+        g = GaugeMetricFamily("vlite:census_pending_requests", "Requests ended since the last request-id "
+                              "census (0: vlite:ended_requests_held is current).", labels=["model_name"])
+        g.add_metric([self.model_name], s.census_pending)
+        yield g
 
 
 def _coverage_families(model_name: str, cov) -> Iterator[Metric]:

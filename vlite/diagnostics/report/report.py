@@ -92,9 +92,10 @@ def extra_lines(f) -> list[str]:
                    f"({', '.join(f.registries['checked'])}); not empty: {len(f.registries['leftover'])}")
     if f.census:
         c = f.census
-        out.append(f"request-id census at idle: {c['objects_visited']} objects walked in {c['elapsed_ms']} ms"
-                   f"{' (stopped at its budget)' if c['truncated'] else ''}; containers holding ended requests: "
-                   f"{len(c['held'])}")
+        where = (f"from {c['source']}" if c.get("source") else
+                 f"{c['objects_visited']} objects walked in {c['elapsed_ms']} ms")
+        out.append(f"request-id census at idle: {where}{' (stopped at its budget)' if c['truncated'] else ''}; "
+                   f"containers holding ended requests: {len(c['held'])}")
     if f.attribution_available:
         out.append(f"unattributed blocks: {len(f.unattributed)}")
     return out

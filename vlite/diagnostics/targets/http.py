@@ -54,6 +54,37 @@ def metrics_block_stats(base: str, client: httpx.Client):
     return read
 
 
+def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
+    """The /metrics page once the server's request-id census covers every ended request
+    (``vlite:census_pending_requests`` 0; the serving loop runs it at idle points, at most once a
+    second), or the last page read after ``timeout_s`` (a server without the census at once)."""
+    from vlite.diagnostics.targets.prom import labelled_values
+
+    deadline = time.time() + timeout_s
+    while True:
+        text = client.get(f"{base}/metrics").text
+        pending = labelled_values(text, "vlite:census_pending_requests").get("vlite:census_pending_requests")
+        if not pending or time.time() > deadline:
+            return text
+        time.sleep(0.2)
+
+
+def census_from_metrics(text: str, requests: list) -> dict | None:
+    """The server's last census as the in-process one (``RunResult.findings.census``) from
+    ``vlite:ended_requests_held{container}``: which container held how many ended requests (the
+    ids stay in the server: ``/debug`` has them); None when the server exports no census."""
+    from vlite.diagnostics.targets.prom import parse_page
+
+    samples = [s for s in parse_page(text).samples if s.name == "vlite:ended_requests_held"]
+    pending = [s for s in parse_page(text).samples if s.name == "vlite:census_pending_requests"]
+    if not pending:
+        return None
+    held = [{"path": s.labels.get("container", "?"), "kind": "?", "num_entries": int(s.value), "request_ids": [],
+             "client_actions": []} for s in samples if s.value > 0]
+    return {"held": held, "objects_visited": None, "elapsed_ms": None, "truncated": False,
+            "source": "the server's /metrics (vlite:ended_requests_held)"}
+
+
 def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
     """The route and OpenAI body of one request: /v1/chat/completions for a chat request, else
     /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
@@ -365,7 +396,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         sampler.stop()
     sampler.sample()
     debug = sync.get(f"{base}/debug/blocks")
-    final_metrics = sync.get(f"{base}/metrics").text
+    final_metrics = census_current_metrics(sync, base)
     snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
         snapshot.from_metrics(parse_metrics(final_metrics))
     sync.close()
@@ -376,6 +407,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
+    findings.census = census_from_metrics(final_metrics, replay.requests)
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:

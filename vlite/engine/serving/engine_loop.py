@@ -21,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vlite.engine.census import CensusResult
 from vlite.engine.core.sequence import FinishReason
 from vlite.engine.introspection import blocks_document
 from vlite.engine.metrics import EngineStats, StatsLogger
@@ -34,6 +36,12 @@ from vlite.engine.serving.protocol import Command, EngineNotRunningError, Engine
 logger = logging.getLogger("vlite.async_engine")  # the --log-stats line keeps its logger name
 
 IDLE_POLL_S = 1.0
+
+
+# The request-id census at idle points (docs/leak-check.md): at most this often (s), over at most
+# this many ended request ids (the most recent).
+CENSUS_INTERVAL_S = 1.0
+ENDED_HISTORY = 10_000
 
 
 class TransportClosed(Exception):
@@ -55,7 +63,11 @@ class LoopTransport(Protocol):
 
 
 def _stats(engine, loop: EngineLoop) -> EngineStats:
-    return engine.stats()
+    return loop.stats_with_census()
+
+
+def _census(engine, loop: EngineLoop) -> dict | None:
+    return loop.census.to_dict() if loop.census is not None else None
 
 
 def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
@@ -64,7 +76,8 @@ def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
 
 # Read-only queries a client may ask by name: fn(engine, loop) -> a picklable value.
 QUERIES: dict[str, Callable[[Any, EngineLoop], Any]] = {
-    "blocks_snapshot": blocks_document, "stats": _stats, "live_request_ids": _live_request_ids}
+    "blocks_snapshot": blocks_document, "stats": _stats, "live_request_ids": _live_request_ids,
+    "census": _census}
 
 
 @dataclass
@@ -92,6 +105,11 @@ class EngineLoop:
         self._live: dict[str, _LiveRequest] = {}
         self._events: list[Event] = []
         self._stats_logger = StatsLogger(logger, log_stats_interval) if log_stats else None
+        # ids of requests that ended (bounded): what the census looks for at idle points
+        self._ended: deque[str] = deque(maxlen=ENDED_HISTORY)
+        self._num_ended = self._num_ended_at_census = 0
+        self._last_census = 0.0
+        self.census: CensusResult | None = None
 
     @property
     def num_live(self) -> int:
@@ -111,6 +129,7 @@ class EngineLoop:
                     self._publish()
                     stopping = self._engine_died()
                 self._maybe_log_stats()
+                self._maybe_census()
             except TransportClosed:
                 logger.info("engine loop: its client is gone, exiting")
                 return
@@ -177,6 +196,7 @@ class EngineLoop:
         entry = self._live.pop(request_id, None)
         if entry is None:
             return  # already finished (or never added): nothing to free
+        self._record_ended(request_id)
         try:
             self.engine.abort(request_id)
         except Exception:
@@ -215,6 +235,7 @@ class EngineLoop:
                 live.last = out
                 if out.finished:
                     del self._live[out.request_id]
+                    self._record_ended(out.request_id)
             self._events.append(("out", out, live is not None))
 
     def _engine_died(self) -> bool:
@@ -228,7 +249,36 @@ class EngineLoop:
 
     def _publish(self) -> None:
         events, self._events = self._events, []
-        self.transport.send(events, self.engine.stats)
+        self.transport.send(events, self.stats_with_census)
+
+    def stats_with_census(self) -> EngineStats:
+        """The engine's stats with the last census's counts (``EngineStats.ended_requests_held``)."""
+        held = {h.path: len(h.request_ids) for h in self.census.held} if self.census is not None else {}
+        return dataclasses.replace(self.engine.stats(), ended_requests_held=held,
+                                   census_pending=self._num_ended - self._num_ended_at_census)
+
+    # ---- the request-id census ----------------------------------------------------------------
+    def _record_ended(self, request_id: str) -> None:
+        self._ended.append(request_id)
+        self._num_ended += 1
+
+    def _maybe_census(self) -> None:
+        """At an idle point (nothing in flight), when requests ended since the last census and at
+        most every ``CENSUS_INTERVAL_S``: walk the engine and this loop for containers that still
+        hold ended requests (``EngineView.request_census``), and publish the counts with the stats
+        (``vlite:ended_requests_held`` in /metrics). Costs ms; never inside a step."""
+        if self._live or self._num_ended == self._num_ended_at_census or self.engine.has_unfinished_requests():
+            return
+        if time.monotonic() - self._last_census < CENSUS_INTERVAL_S:
+            return
+        from vlite.engine.introspection import EngineView
+
+        try:
+            self.census = EngineView(self.engine, self).request_census(set(self._ended), skip=[self._ended])
+        except Exception:  # noqa: BLE001 - a diagnostic must not stop the serving loop
+            logger.exception("request-id census failed")
+        self._num_ended_at_census, self._last_census = self._num_ended, time.monotonic()
+        self._publish()
 
     def _maybe_log_stats(self) -> None:
         if self._stats_logger is not None:

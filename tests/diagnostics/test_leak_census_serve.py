@@ -1,0 +1,105 @@
+"""`vlite serve` runs the request-id census in its serving loop at idle points and exports it in
+/metrics (vlite:ended_requests_held); `leak-check --url` without debug endpoints finds a map nobody
+registered that keeps ended requests, in the thread and in the engine-core-process layouts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vlite.diagnostics.targets.http import run_http
+from vlite.diagnostics.workload.sources import synthetic_workload
+
+PLANT = '''
+import vlite.engine.output_processor as _op
+
+_make_output = _op.OutputProcessor.make_output
+
+
+def _keep_finished(self, req):  # planted: every finished request's output kept in a map of its own
+    out = _make_output(self, req)
+    if out.finished:
+        self.__dict__.setdefault("holdback_by_request", {})[req.request_id] = out
+    return out
+
+
+_op.OutputProcessor.make_output = _keep_finished
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def serve(tiny_model_dir, tmp_path):
+    procs = []
+
+    def start(*extra: str, plant: bool = False) -> str:
+        env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        if plant:  # sitecustomize runs in every Python process of the server, the engine core's too
+            site = tmp_path / "plant"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(PLANT)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+        port = _free_port()
+        vlite = str(Path(sys.executable).with_name("vlite"))
+        proc = subprocess.Popen([vlite, "serve", "--model", str(tiny_model_dir), "--host", "127.0.0.1",
+                                 "--port", str(port), "--num-blocks", "96", *extra],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        procs.append(proc)
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300  # a loaded 2-core machine
+        while time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError("server did not start")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _specs():
+    return synthetic_workload(8, input_len=(8, 20), output_len=(4, 8), abort_rate=0.25, abort_mode="mix", seed=2)
+
+
+@pytest.mark.parametrize("layout", [(), ("--frontend-multiprocessing",)], ids=["thread", "engine-core-process"])
+def test_a_planted_map_of_ended_requests_is_found_through_metrics_alone(serve, layout):
+    url = serve(*layout, plant=True)
+    run = run_http(url, _specs(), max_concurrency=4, idle_every=4, sample_interval_s=0.05)
+    f = run.findings
+    assert f.verdict == "LEAK", f.summary()
+    assert f.drain.ok  # the blocks are fine: only the census sees it
+    held = {h["path"]: h["num_entries"] for h in f.census["held"]}
+    assert set(held) == {"engine.output_processor.holdback_by_request"}
+    # the requests the engine finished (a client that left at the very end may have been aborted)
+    finished = sum(1 for r in run.replay.requests if r.outcome == "finished")
+    assert 1 <= held["engine.output_processor.holdback_by_request"] <= finished
+    assert "engine.output_processor.holdback_by_request" in f.summary()
+
+
+def test_a_clean_server_exports_an_empty_current_census(serve):
+    url = serve()
+    run = run_http(url, _specs(), max_concurrency=4, idle_every=4, sample_interval_s=0.05)
+    assert run.findings.verdict == "CLEAN", run.findings.summary()
+    assert run.findings.census["held"] == []
+    page = httpx.get(f"{url}/metrics").text
+    assert 'vlite:census_pending_requests{model_name=' in page and "vlite:ended_requests_held" in page
