@@ -1,0 +1,80 @@
+"""Zombie requests found from outside: a `vlite serve` with a planted zombie (a streaming client
+that disconnects before the first token never triggers the abort; tests/diagnostics/zombie_serve.py)
+is ZOMBIE, named by its client action, with a reproducer; the unpatched server is CLEAN. Only
+/metrics is read. 127.0.0.1 only, bounded waits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import serve_harness
+from serve_harness import ServerProcess, running
+
+from vlite.diagnostics.blackbox import connect
+from vlite.diagnostics.zombie_blackbox import _measure, _Scrape, reproducer, zombie_check_blackbox, zombie_summary
+
+ZOMBIE_SERVE = str(Path(__file__).with_name("zombie_serve.py"))
+
+
+@pytest.fixture
+def zombie_server(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(serve_harness, "VLITE", [sys.executable, ZOMBIE_SERVE])
+    srv = ServerProcess(tiny_model_dir, tmp_path / "zombie.log", "--num-blocks", "128")
+    yield from running(srv)
+
+
+@pytest.fixture
+def clean_server(tiny_model_dir, tmp_path):
+    srv = ServerProcess(tiny_model_dir, tmp_path / "clean.log", "--num-blocks", "128")
+    yield from running(srv)
+
+
+def test_planted_zombie_before_the_first_token_is_found_from_outside(zombie_server):
+    conn = connect(zombie_server.base_url)
+    z = zombie_check_blackbox(conn, max_tokens=400, drain_timeout_s=60)
+    by_kind = {a["kind"]: a for a in z["actions"]}
+    assert set(by_kind) == {"abort-prefill", "disconnect-stream", "client-timeout"}, z["requests"]
+    before = by_kind["abort-prefill"]
+    # the zombie decoded on to max_tokens after its client left, and the server never counted the abort
+    assert before["zombies"] == 1 and before["tokens_after_leaving"] > 200, z["requests"]
+    assert before["aborts_counted"] == 0
+    # the other client actions are aborted as usual: only the planted path is a zombie
+    assert by_kind["disconnect-stream"]["zombies"] == 0 and by_kind["client-timeout"]["zombies"] == 0, z["actions"]
+    assert by_kind["disconnect-stream"]["aborts_counted"] == 1
+    assert [a["kind"] for a in z["zombies"]] == ["abort-prefill"]
+    assert z["client_aborts"] == 3 and z["server_aborts"] == 2
+    summary = zombie_summary(z)
+    assert summary.startswith("ZOMBIE: disconnect before the first token"), summary
+    assert "httpx.stream('POST'" in z["zombies"][0]["reproducer"] and zombie_server.base_url in z["zombies"][0][
+        "reproducer"]
+    assert "planted zombie" in zombie_server.log()
+
+
+def test_unpatched_server_is_clean(clean_server):
+    z = zombie_check_blackbox(connect(clean_server.base_url), max_tokens=400, drain_timeout_s=60)
+    assert len(z["actions"]) == 3 and z["zombies"] == [], z["requests"]
+    assert all(a["tokens_after_leaving"] <= 16 for a in z["actions"]), z["actions"]
+    assert z["client_aborts"] == 3 and z["server_aborts"] == 3  # every abort counted
+    assert zombie_summary(z) is None
+
+
+def test_measure_reads_tokens_time_and_abort_counter_from_scrapes():
+    before = _Scrape(0.0, 0, 0, 100.0, 5.0)
+    rows = [_Scrape(0.9, 1, 0, 104.0, 5.0), _Scrape(1.1, 1, 0, 110.0, 5.0), _Scrape(1.5, 1, 0, 150.0, 5.0),
+            _Scrape(2.0, 0, 0, 160.0, 5.0), _Scrape(2.5, 0, 0, 160.0, 5.0)]
+    m = _measure(rows, before, left=1.0)
+    assert m == {"running_s": 1.0, "generating_s": 1.0, "tokens_after_leaving": 50, "abort_counted": 0}
+    # a server with no counters: only the running gauge
+    bare = [_Scrape(t, r, 0, None, None) for t, r in ((1.2, 1), (1.4, 0))]
+    assert _measure(bare, _Scrape(0, 0, 0, None, None), 1.0) == {
+        "running_s": 0.4, "generating_s": 0.0, "tokens_after_leaving": None, "abort_counted": None}
+
+
+def test_reproducers_name_the_client_action():
+    r = reproducer("disconnect-stream", "http://h:1", 300)
+    assert "| head -n 4" in r and '"max_tokens": 300' in r and "/metrics" in r
+    assert "--max-time 1.0" in reproducer("client-timeout", "http://h:1", 300)
+    with pytest.raises(ValueError, match="unknown zombie client action"):
+        zombie_check_blackbox(None, kinds=("nope",))

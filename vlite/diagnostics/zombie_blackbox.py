@@ -1,0 +1,326 @@
+"""Zombie requests seen from outside: does the server stop working when its client leaves?
+
+A zombie is a request that goes on decoding after its client has gone (SGLang#36876: 182 of
+them on one pod; a vLLM whose engine core drops aborts). Its blocks come back once it reaches
+``max_tokens``, so the KV drain of the leak check cannot see it. This check can, with only
+``/metrics``:
+
+1. For each client action that leaves early (``ZOMBIE_ACTIONS``: disconnect before the first
+   token, disconnect mid-stream, non-streaming client timeout) it sends ``repeats`` requests,
+   ONE AT A TIME on an idle server, each with a LONG ``max_tokens`` (``ignore_eos``), so that a
+   zombie outlives its client by many steps and nothing else runs to blur the numbers.
+2. While the request runs and until the server is idle again it scrapes ``/metrics`` every
+   ``scrape_s``: the running gauge, the generation-token counter and the abort counter.
+3. Per request: ``tokens_after_leaving`` (generation-token counter at idle minus its value at
+   the first scrape after the client left), ``generating_s`` (client left -> last increase of that
+   counter), ``running_s`` (client left -> the running gauge reads 0), and ``abort_counted``
+   (abort counter delta: 1 when the server noticed).
+4. A request is a ZOMBIE when the server generated more than ``threshold_tokens`` tokens after
+   its client left, or, on a server with no token counter, when it kept running for more than
+   ``threshold_s``. The client's aborts are compared with the server's abort counter
+   (``vllm:request_success_total{finished_reason="abort"}``, ``sglang:num_aborted_requests_total``,
+   vlite's own; llama.cpp, TGI and trtllm-serve have none: said in the result).
+
+Each zombie action gets a one-request reproducer (python for the disconnect before the first
+token, which curl cannot time; curl for the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from vlite.diagnostics.actions import ClientAction
+from vlite.diagnostics.client import RequestResult
+from vlite.diagnostics.http_target import _one
+from vlite.diagnostics.targets.adapters import NO_ABORT_COUNTER, MetricsReading
+from vlite.diagnostics.workload import RequestSpec
+
+# client action kind -> (the words of the report, the action as sent)
+ZOMBIE_ACTIONS: dict[str, tuple[str, ClientAction]] = {
+    "abort-prefill": ("disconnect before the first token", ClientAction("abort-prefill")),
+    "disconnect-stream": ("disconnect mid-stream", ClientAction("disconnect-stream", after_tokens=2)),
+    "client-timeout": ("non-streaming client timeout", ClientAction("client-timeout", timeout_s=1.0)),
+}
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_THRESHOLD_TOKENS = 16
+DEFAULT_THRESHOLD_S = 1.0
+_PROMPT = "zombie check: please write a long story about a lighthouse keeper"
+
+
+@dataclass
+class _Scrape:
+    t: float
+    running: int
+    waiting: int
+    gen: float | None
+    aborted: float | None
+
+
+class _Scraper:
+    """Scrapes the connection every ``period`` s in the background (async)."""
+
+    def __init__(self, read, period: float) -> None:
+        self.read, self.period = read, period
+        self.rows: list[_Scrape] = []
+        self._stop = False
+
+    async def run(self) -> None:
+        while not self._stop:
+            try:
+                s: MetricsReading = await self.read()
+                self.rows.append(_Scrape(time.time(), s.num_running, s.num_waiting, s.generation_tokens, s.aborted))
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(self.period)
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
+    """The per-request numbers from the scrapes (see the module docstring)."""
+    after = [r for r in rows if r.t >= left]
+    out = {"running_s": None, "generating_s": 0.0, "tokens_after_leaving": None, "abort_counted": None}
+    if not after:
+        return out
+    idle_at = next((r.t for r in after if r.running == 0 and r.waiting == 0), None)
+    out["running_s"] = None if idle_at is None else round(max(0.0, idle_at - left), 3)
+    last = after[-1]
+    if after[0].gen is not None and last.gen is not None:
+        out["tokens_after_leaving"] = int(last.gen - after[0].gen)
+        rises = [b.t for a, b in zip(after, after[1:]) if b.gen is not None and a.gen is not None and b.gen > a.gen]
+        out["generating_s"] = round(max(0.0, rises[-1] - left), 3) if rises else 0.0
+    if before.aborted is not None and last.aborted is not None:
+        out["abort_counted"] = int(last.aborted - before.aborted)
+    return out
+
+
+def _max_model_len(conn) -> int | None:
+    """``max_model_len`` from ``GET /v1/models`` (vLLM and vlite report it), or None."""
+    try:
+        data = conn.client.get(f"{conn.base}/v1/models", headers=conn.headers).json().get("data") or []
+        return int(data[0]["max_model_len"]) if data and data[0].get("max_model_len") else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _timeout_of(row: dict) -> float | None:
+    label = row.get("client_action", "")
+    try:
+        return float(label.split("after ")[1].split(" s")[0]) if "timeout after" in label else None
+    except (IndexError, ValueError):
+        return None
+
+
+def reproducer(kind: str, base_url: str, max_tokens: int, headers: dict | None = None, body: dict | None = None,
+               timeout_s: float | None = None) -> str:
+    """A one-request reproducer of ``kind`` (a ``ZOMBIE_ACTIONS`` key) and the scrape that shows the
+    zombie: the running gauge and the generation-token counter still moving after the client left."""
+    action = ZOMBIE_ACTIONS[kind][1]
+    req = {"prompt": _PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+           "stream": action.streams, **(body or {})}
+    auth = "".join(f" -H {shlex.quote(f'{k}: {v}')}" for k, v in (headers or {}).items())
+    watch = (f"for i in 1 2 3 4 5; do sleep 1; curl -s{auth} {base_url}/metrics | grep -E "
+             "'num_requests_running|num_running_reqs|generation_tokens_total|requests_processing' | grep -v '^#'; done")
+    if kind == "abort-prefill":
+        return ("python - <<'EOF'\nimport httpx\n"
+                f"with httpx.stream('POST', '{base_url}/v1/completions', json={json.dumps(req)}, "
+                f"headers={json.dumps(headers or {})}, timeout=60) as r:\n"
+                "    print('HTTP', r.status_code)  # headers read; closed here, before the first token\nEOF\n" + watch)
+    head = f"curl -sN {base_url}/v1/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(json.dumps(req))}"
+    if kind == "disconnect-stream":
+        return f"{head} | head -n {2 * action.after_tokens}  # closes after {action.after_tokens} chunks\n{watch}"
+    return f"{head} --max-time {timeout_s or action.timeout_s}  # the client times out\n{watch}"
+
+
+def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS), repeats: int = 1,
+                          max_tokens: int = DEFAULT_MAX_TOKENS, threshold_tokens: int = DEFAULT_THRESHOLD_TOKENS,
+                          threshold_s: float = DEFAULT_THRESHOLD_S, drain_timeout_s: float = 60.0,
+                          scrape_s: float = 0.05, seed: int = 0) -> dict:
+    """Send early-leaving requests one at a time and measure what the server does after each client left.
+
+    Args:
+        conn: a ``blackbox.Connection``.
+        kinds: ``ZOMBIE_ACTIONS`` keys to try. repeats: requests per kind.
+        max_tokens: the early leavers' max_tokens (long, so that a zombie outlives its client).
+        threshold_tokens / threshold_s: a request is a ZOMBIE when the server generated more than
+            ``threshold_tokens`` tokens after its client left (or, with no token counter, kept it
+            running for more than ``threshold_s`` seconds).
+        drain_timeout_s: the longest wait for idle before and after each request.
+        scrape_s: scrape period, seconds.
+
+    Returns:
+        ``{"requests": [...], "actions": [...], "zombies": [...], "client_aborts", "server_aborts",
+        "abort_counter", "notes", "max_tokens", "threshold_tokens", "threshold_s"}``. ``actions``:
+        one row per kind (worst request); ``zombies``: the actions found ZOMBIE, each with its
+        reproducer.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    for k in kinds:
+        if k not in ZOMBIE_ACTIONS:
+            raise ValueError(f"unknown zombie client action {k!r}; known: {', '.join(ZOMBIE_ACTIONS)}")
+    from vlite.diagnostics.blackbox import NullProbe, _Driver
+
+    driver = _Driver(conn, NullProbe(), 1, drain_timeout_s)
+    rows: list[dict] = []
+    notes: list[str] = []
+    limit = _max_model_len(conn)
+    if limit and max_tokens > limit - 64:  # the prompt needs room (vLLM and vlite refuse a longer request)
+        notes.append(f"max_tokens {max_tokens} capped at {max(16, limit - 64)}: the server's max_model_len is {limit}")
+        max_tokens = max(16, limit - 64)
+
+    timing: dict = {}
+
+    async def reference(client: httpx.AsyncClient) -> None:
+        """One complete streamed request of max_tokens: its time to the first chunk and in all, so
+        that the non-streaming client times out between the two."""
+        if await driver.wait_idle(client) is None:
+            return
+        body = {"prompt": f"vlite-zombie-reference {_PROMPT}", "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True, **conn.body}
+        t0, first = time.monotonic(), None
+        try:
+            async with client.stream("POST", f"{conn.base}/v1/completions", json=body, headers=conn.headers,
+                                     timeout=max(60.0, drain_timeout_s)) as r:
+                async for line in r.aiter_lines():
+                    if first is None and line.startswith("data: ") and '"text"' in line:
+                        first = time.monotonic() - t0
+        except httpx.HTTPError as exc:
+            notes.append(f"the reference request failed ({type(exc).__name__}); the client timeout stays at 1 s")
+            return
+        timing.update(ttft_s=round(first or 0.0, 4), full_s=round(time.monotonic() - t0, 4))
+
+    async def one(kind: str, i: int, client: httpx.AsyncClient) -> None:
+        words, action = ZOMBIE_ACTIONS[kind]
+        if kind == "client-timeout" and timing:
+            # time out a quarter of the way from the first token to the end of a complete request
+            t = timing["ttft_s"] + 0.25 * max(0.0, timing["full_s"] - timing["ttft_s"])
+            action = ClientAction("client-timeout", timeout_s=round(max(0.02, t), 3))
+        idle = await driver.wait_idle(client)
+        if idle is None:
+            notes.append(f"{words}: the server was not idle within {drain_timeout_s:g} s; request not sent")
+            return
+        before = _Scrape(time.time(), idle.num_running, idle.num_waiting, idle.generation_tokens, idle.aborted)
+        rid = f"vlite-zombie-{kind}-{i}-{int(time.time() * 1000) % 10**8}"
+        spec = RequestSpec(rid, 0.0, f"{rid} {_PROMPT}", len(_PROMPT.split()) + 1, max_tokens, action=action,
+                           temperature=0.0, ignore_eos=True)
+        res = RequestResult(rid, action.kind, action.label, time.time())
+        scraper = _Scraper(lambda: driver.read(client), scrape_s)
+        task = asyncio.ensure_future(scraper.run())
+        try:
+            await _one(conn.base, spec, res, conn.headers, conn.body)
+            left = res.abort_time
+            if left is not None:  # follow the server until it is idle again
+                deadline = time.monotonic() + drain_timeout_s
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(scrape_s)
+                    tail = scraper.rows[-3:]
+                    if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail):
+                        break
+        finally:
+            scraper.stop()
+            await task
+        row = {"request_id": rid, "client_action": action.label if kind == "client-timeout" else words,
+               "kind": kind, "outcome": res.outcome,
+               "left_at": left, "max_tokens": max_tokens, "client_tokens": res.num_output_tokens}
+        if left is None:
+            row.update(zombie=False, note=f"the client did not leave early ({res.outcome}: {res.detail or ''}); "
+                                          "raise --zombie-max-tokens")
+            rows.append(row)
+            return
+        row.update(_measure(scraper.rows, before, left))
+        if row["tokens_after_leaving"] is not None:
+            zombie = row["tokens_after_leaving"] > threshold_tokens
+        else:
+            zombie = row["running_s"] is None or row["running_s"] > threshold_s
+        row["still_running"] = row["running_s"] is None
+        row["zombie"] = zombie
+        rows.append(row)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            if "client-timeout" in kinds:
+                await reference(client)
+            for kind in kinds:
+                for i in range(repeats):
+                    await one(kind, i, client)
+
+    asyncio.run(main())
+    left = [r for r in rows if r.get("left_at") is not None]
+    counted = [r["abort_counted"] for r in left if r.get("abort_counted") is not None]
+    has_counter = conn.adapter.kind not in NO_ABORT_COUNTER
+    if not has_counter:
+        notes.append(NO_ABORT_COUNTER[conn.adapter.kind])
+    actions = []
+    for kind in kinds:
+        mine = [r for r in left if r["kind"] == kind]
+        if not mine:
+            continue
+        worst = max(mine, key=lambda r: (r["zombie"], r.get("tokens_after_leaving") or 0, r.get("running_s") or 1e9))
+        act = {"client_action": ZOMBIE_ACTIONS[kind][0], "kind": kind, "requests": len(mine),
+               "zombies": sum(r["zombie"] for r in mine), "tokens_after_leaving": worst.get("tokens_after_leaving"),
+               "generating_s": worst.get("generating_s"), "running_s": worst.get("running_s"),
+               "still_running": worst.get("still_running"),
+               "aborts_counted": sum(r["abort_counted"] or 0 for r in mine) if has_counter and counted else None,
+               "request_id": worst["request_id"]}
+        if act["zombies"]:
+            act["reproducer"] = reproducer(kind, conn.base, max_tokens, conn.headers, conn.body,
+                                           timeout_s=_timeout_of(worst))
+        actions.append(act)
+    return {"requests": rows, "actions": actions, "zombies": [a for a in actions if a["zombies"]],
+            "client_aborts": len(left), "server_aborts": sum(counted) if has_counter and counted else None,
+            "abort_counter": has_counter, "max_tokens": max_tokens, "threshold_tokens": threshold_tokens,
+            "threshold_s": threshold_s, "reference": timing, "notes": notes}
+
+
+def zombie_summary(z: dict) -> str | None:
+    """The ZOMBIE verdict line for the worst zombie action, or None when there is none."""
+    if not z or not z["zombies"]:
+        return None
+    a = max(z["zombies"], key=lambda a: a.get("tokens_after_leaving") or 0)
+    tokens = "" if a["tokens_after_leaving"] is None else f"generated {a['tokens_after_leaving']} tokens "
+    running = ("and the request is still running" if a["still_running"] else
+               f"kept it running {a['running_s']:g} s")
+    counted = ("" if a["aborts_counted"] is None else
+               f"; its abort counter counted {a['aborts_counted']} of {a['requests']}")
+    others = [b["client_action"] for b in z["zombies"] if b is not a]
+    also = f" (also: {', '.join(others)})" if others else ""
+    return (f"ZOMBIE: {a['client_action']}: after the client left the server {tokens}{running} "
+            f"(max_tokens {z['max_tokens']}){counted}{also}")
+
+
+def lines(z: dict | None) -> list[str]:
+    """Console / report.md lines: one per client action, then the abort counters."""
+    if not z:
+        return []
+    out = []
+    for a in z["actions"]:
+        state = "ZOMBIE" if a["zombies"] else "ok"
+        run = "still running" if a["still_running"] else f"running {a['running_s']} s"
+        out.append(f"{state}: {a['client_action']}: {a['requests']} request(s) of max_tokens {z['max_tokens']}; after "
+                   f"the client left: {a['tokens_after_leaving']} tokens generated over {a['generating_s']} s, {run}; "
+                   f"aborts counted by the server: {a['aborts_counted'] if a['aborts_counted'] is not None else 'n/a'}")
+    if z["server_aborts"] is not None:
+        out.append(f"aborts: the client left {z['client_aborts']} requests early, the server's abort counter rose by "
+                   f"{z['server_aborts']}")
+    out += [f"note: {n}" for n in z["notes"]]
+    return out
+
+
+def apply_to(res, z: dict) -> None:
+    """Fold the zombie check into a ``BlackboxResult``: a CLEAN result with a zombie becomes ZOMBIE
+    (exit 1); a LEAK stays LEAK, the zombies listed beside it."""
+    res.zombies = z
+    summary = zombie_summary(z)
+    if summary and res.verdict == "CLEAN":
+        res.verdict, res.summary = "ZOMBIE", summary
+    elif summary:
+        res.notes.append(summary)
