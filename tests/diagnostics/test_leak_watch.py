@@ -137,7 +137,7 @@ def _r(running=0, waiting=0, kv=0.0, finished=0.0, aborted=0.0, gen=0.0, receive
                           finished, received)
 
 
-def _idle_then(w: Watcher, t: float, reading: MetricsReading, n: int = 3, mem=None) -> float:
+def _idle_then(w: Watcher, t: float, reading: MetricsReading, n: int = 4, mem=None) -> float:
     for _ in range(n):
         w.feed(t, reading, mem)
         t += 1.0
@@ -163,7 +163,7 @@ def test_watcher_flags_requests_the_engine_never_counted():
     w = Watcher("vllm", "blocks")
     t = _idle_then(w, 0.0, _r(received=0.0))
     w.feed(t, _r(running=2, received=0.0))
-    t = _idle_then(w, t + 1, _r(finished=3.0, received=5.0, gen=30.0))
+    t = _idle_then(w, t + 1, _r(finished=3.0, received=5.0, gen=30.0), n=4)
     assert w.alerts[0].flag == "uncounted" and w.alerts[0].idle_point == 2
     assert w.verdict()[0] == "ZOMBIE" and "2 requests answered over HTTP" in w.alerts[0].message
 
@@ -186,9 +186,9 @@ def test_watcher_waits_out_a_lagging_gauge_and_needs_two_idle_points():
     w = Watcher("sglang", "tokens", gauge_lag_s=10.0)
     t = _idle_then(w, 0.0, _r())
     w.feed(t, _r(running=1, kv=64.0, gen=5.0))
-    t = _idle_then(w, t + 1, _r(kv=64.0, gen=9.0), n=3)  # idle point 2, gauge still up: pending
-    assert not w.alerts
-    t = _idle_then(w, t, _r(kv=0.0, gen=9.0), n=3)  # the lagging gauge came back: no leak
+    t = _idle_then(w, t + 1, _r(kv=64.0, gen=9.0))  # idle point 2, gauge still up: pending
+    assert len(w.idle_points) == 2 and not w.alerts
+    t = _idle_then(w, t, _r(kv=0.0, gen=9.0))  # the lagging gauge came back: no leak
     assert not w.alerts and w.verdict()[0] == "CLEAN"
     w.feed(t, _r(running=1, kv=64.0, gen=12.0))
     t = _idle_then(w, t + 1, _r(kv=64.0, gen=15.0), n=12)  # stays up past the lag: LEAK

@@ -78,3 +78,21 @@ def test_reproducers_name_the_client_action():
     assert "--max-time 1.0" in reproducer("client-timeout", "http://h:1", 300)
     with pytest.raises(ValueError, match="unknown zombie client action"):
         zombie_check_blackbox(None, kinds=("nope",))
+
+
+def test_cli_blackbox_says_zombie_with_the_reproducer_in_the_report(zombie_server, tmp_path):
+    import json
+    import subprocess
+
+    vlite = str(Path(sys.executable).with_name("vlite"))
+    p = subprocess.run([vlite, "leak-check", "--url", zombie_server.base_url, "--blackbox", "--workload", "synthetic",
+                        "--num-requests", "8", "--abort-rate", "0", "--idle-every", "4", "--drain-timeout", "30",
+                        "--zombie-max-tokens", "400", "--report", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "verdict: ZOMBIE: disconnect before the first token" in p.stdout, p.stdout
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["verdict"] == "ZOMBIE" and rep["zombies"]["zombies"][0]["kind"] == "abort-prefill"
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Zombie requests" in md and "Reproducer (disconnect before the first token)" in md
+    print(p.stdout)

@@ -6,9 +6,10 @@ Operators notice leaks over hours (vllm#27073: KV usage stuck near 100% for 6 h;
 ``targets/adapters.py``) and, when the server runs on this host, its process tree's memory. The
 same judge reads a range a Prometheus server already holds (``prometheus_range.py``).
 
-**Idle points.** A natural idle point is the start of a stretch of ``idle_scrapes`` scrapes in a
-row with ``running == waiting == 0``, after traffic (the running gauge or the request counters
-moved since the last one). The first is the baseline.
+**Idle points.** A natural idle point is the end of the first ``idle_scrapes`` scrapes in a row
+with ``running == waiting == 0`` and no request counter moving (a short request can start and end
+between two scrapes: only its counters show it), after traffic since the last one. The first is
+the baseline.
 
 **Flags** (each an alert line when first raised; any flag makes the verdict):
 
@@ -175,11 +176,12 @@ class Watcher:
                           "memory_source": memory.get("source")})
         counts = (_served(r), r.aborted, r.generation_tokens)
         moved = self._last_counts is not None and counts != self._last_counts
-        if not r.idle or moved:
+        quiet = r.idle and not moved  # a request may start and end between two scrapes: its counters move
+        if not quiet:
             self._active = True
         self._check_stuck(t, r, moved)
         self._last_counts = counts
-        if r.idle:
+        if quiet:
             self._idle_run += 1
             if self._idle_run == 1:
                 self._idle_start = t

@@ -286,7 +286,7 @@ def zombie_summary(z: dict) -> str | None:
     if not z or not z["zombies"]:
         return None
     a = max(z["zombies"], key=lambda a: a.get("tokens_after_leaving") or 0)
-    tokens = "" if a["tokens_after_leaving"] is None else f"generated {a['tokens_after_leaving']} tokens "
+    tokens = "" if a["tokens_after_leaving"] is None else f"generated {a['tokens_after_leaving']} tokens and "
     running = ("and the request is still running" if a["still_running"] else
                f"kept it running {a['running_s']:g} s")
     counted = ("" if a["aborts_counted"] is None else
