@@ -59,7 +59,7 @@ def leak_check(
              "else 2048)."),
     engine_args: EngineArgs = None,
     server_kind: str = typer.Option("auto", "--server-kind",
-                                    help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp or tgi."),
+                                    help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp, tgi or trtllm."),
     blackbox: bool = typer.Option(False, "--blackbox",
                                   help="With --url: use only /metrics and process memory (automatic for servers "
                                        "other than vlite)."),
