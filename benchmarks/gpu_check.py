@@ -34,7 +34,7 @@ DTYPE = torch.bfloat16
 # (name, Hq, Hkv, D): the default model's attention, and a Llama-3-8B-sized one.
 SHAPES = [("SmolLM2-135M 9/3x64", 9, 3, 64), ("Llama-3-8B 32/8x128", 32, 8, 128)]
 BLOCK_SIZE = 16
-TARGET = 0.60  # decode at 64 x 2048 tokens should reach 60% of the copy bandwidth
+TARGET = 0.60  # decode at SmolLM2's heads should reach 60% of the copy bandwidth (issue 31)
 
 
 def median_ms(fn, *args, **kwargs) -> float:
@@ -112,7 +112,7 @@ def bench_decode(rows: list, copy_bw: float) -> None:
             parts = triton.cdiv(ctx, tpa.choose_partition_size(num_seqs, hkv, ctx, DEV))
             rows.append({"kernel": "paged decode", "shape": f"{name}, {num_seqs} x {ctx} tok, {parts} part.",
                          "ms": ms, "gbs": nbytes / ms / 1e6, "frac": nbytes / (ms * 1e-3) / copy_bw, "tflops": None,
-                         "err": err, "ref_ms": ref_ms, "target": (num_seqs, ctx) == (64, 2048)})
+                         "err": err, "ref_ms": ref_ms, "target": name.startswith("SmolLM2")})
             del query, key, value, k_cache, v_cache, out
 
 
@@ -163,7 +163,7 @@ def main() -> int:
         tf = f"{r['tflops']:.0f}" if r["tflops"] is not None else "–"
         print(f"| {r['kernel']} | {r['shape']} | {r['ms'] * 1e3:.1f} | {r['gbs']:.0f} | {100 * r['frac']:.0f}% | {tf} "
               f"| {r['err']:.1e} | {r['ref_ms'] * 1e3:.1f} |")
-    bad = [r for r in rows if not r["err"] < 2e-2]
+    bad = [r for r in rows if not r["err"] < 2e-2]  # accuracy: a failure; speed: reported, not a failure
     targets = [r for r in rows if r.get("target")]
     print()
     for r in targets:

@@ -212,11 +212,16 @@ def check(tree: Path, model: Path, out: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", default=None, help="Mutant names (default: all).")
-    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "vlite-mutants"))
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--skip-clean", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                 epilog="See the module docstring (and docs/leak-check.md, 'Mutation check') for "
+                                        "how mutants are planted and counted.")
+    ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                    help=f"Mutant names (default: all): {', '.join(m.name for m in MUTANTS)}.")
+    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "vlite-mutants"),
+                    help="Where the tiny model and the patched package copies go (default: %(default)s).")
+    ap.add_argument("--json", default=None, metavar="PATH", help="Also write the results as JSON here.")
+    ap.add_argument("--skip-clean", action="store_true",
+                    help="Skip the clean-tree run (which checks that both commands exit 0 on the unpatched code).")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -45,15 +45,25 @@ def build_tiny_model_dir(out: Path, arch: str = "llama", seed: int = 0, **overri
 _TOKENIZER = None
 
 
+# A directory holding the default model's tokenizer files alone (tokenizer.json, tokenizer_config.json):
+# where the 98 MB GGUF package cannot go (the GPU machine, benchmarks/gpu_check.sh), the tiny test
+# models take their tokenizer from there.
+TOKENIZER_DIR_ENV = "VLITE_TEST_TOKENIZER_DIR"
+
+
 def smollm2_tokenizer():
-    """SmolLM2's tokenizer from vlite's conversion cache (converted once per machine)."""
+    """SmolLM2's tokenizer: from ``$VLITE_TEST_TOKENIZER_DIR`` when set, else from vlite's
+    conversion cache of the default model (converted once per machine)."""
     global _TOKENIZER
     if _TOKENIZER is None:
         from transformers import AutoTokenizer
 
-        from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+        if os.environ.get(TOKENIZER_DIR_ENV):
+            _TOKENIZER = AutoTokenizer.from_pretrained(os.environ[TOKENIZER_DIR_ENV])
+        else:
+            from vlite.engine.loader import DEFAULT_MODEL, resolve_model
 
-        _TOKENIZER = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
+            _TOKENIZER = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
     return _TOKENIZER
 
 
@@ -79,14 +89,16 @@ def smollm2_checkpoint():
 def make_engine(checkpoint, *, num_blocks: int | None = 64, block_size: int = 16, max_num_batched_tokens: int = 2048,
                 max_num_seqs: int = 128, max_model_len: int | None = None, faults: tuple[str, ...] = (),
                 dtype: str = "float32", cpu_gemm: str | None = None, tensor_parallel_size: int = 1,
-                distributed_executor_backend: str = "mp"):
+                distributed_executor_backend: str = "mp", device: str = "cpu", enforce_eager: bool = False):
     """An LLMEngine on an already loaded checkpoint (no disk reads in this process; with
-    ``tensor_parallel_size`` > 1 each worker reads its shard from ``checkpoint.path``)."""
+    ``tensor_parallel_size`` > 1 each worker reads its shard from ``checkpoint.path``).
+    ``device``/``enforce_eager``: as vlite's --device and --enforce-eager (CPU by default)."""
     from vlite.engine.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
     from vlite.engine.llm_engine import LLMEngine
 
     config = EngineConfig(
-        model=str(checkpoint.path), dtype=dtype, device="cpu", inject_faults=faults, cpu_gemm=cpu_gemm,
+        model=str(checkpoint.path), dtype=dtype, device=device, enforce_eager=enforce_eager, inject_faults=faults,
+        cpu_gemm=cpu_gemm,
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                   max_model_len=max_model_len),

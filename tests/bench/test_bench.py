@@ -216,11 +216,41 @@ def test_bench_throughput_with_hf_baselines(cli, tiny_model_dir, tmp_path):
     for key in ("elapsed_time", "num_requests", "total_num_tokens", "requests_per_second", "tokens_per_second"):
         assert key in data
     assert data["num_requests"] == 5
+    # transformers ran on vlite's device, and the output says which
+    assert "Device: cpu" in text and "[hf-static on cpu] Throughput: " in text
+    assert data["device"] == "cpu"
     # the tiny model is float32 and greedy: transformers gives the same tokens in both modes
     for name in ("hf-static", "hf-continuous"):
+        assert data["baselines"][name]["device"] == "cpu"
         assert data["baselines"][name]["token_agreement"]["identical"] == 1.0
         assert data["baselines"][name]["ratio"] > 0
         assert f"vlite / {name}:" in text
+
+
+def test_hf_baseline_loads_on_the_device_vlite_ran_on(tiny_model_dir, monkeypatch):
+    """`--backend hf` hands the engine's device to transformers: the baseline model's parameters
+    live there, and a device this torch lacks is refused in one line."""
+    from vlite.bench import runners
+    from vlite.cli.main import app
+
+    loaded, args = [], []
+    real = runners.load_hf_model
+    monkeypatch.setattr(runners, "load_hf_model",
+                        lambda *a, **k: args.append((a, k)) or loaded.append(real(*a, **k)) or loaded[-1])
+    result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_model_dir), "--num-prompts", "2",
+                                      "--input-len-range", "8:12", "--output-len-range", "2:3", "--backend", "hf",
+                                      "--hf-modes", "static", "--device", "cpu", "--num-blocks", "32",
+                                      "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert len(loaded) == 1 and {p.device for p in loaded[0].parameters()} == {torch.device("cpu")}
+    (a, k), = args
+    assert torch.device((a[2:] or [k.get("device")])[0]) == torch.device("cpu")  # passed, not defaulted
+    assert "[hf-static on cpu]" in result.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="sees no CUDA device"):
+        real(str(tiny_model_dir), "float32", "cuda")
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        real(str(tiny_model_dir), "float16", "cpu")
 
 
 def test_bench_latency(cli, tiny_model_dir, tmp_path):

@@ -64,7 +64,7 @@ def test_jsonl_trace(tmp_path):
     assert specs[1].prompt == "hello there" and specs[1].action.after_tokens == 2
 
 
-@pytest.mark.parametrize("line,msg", [('{"max_tokens": 3}', "prompt"), ("not json", "trace.jsonl:1"),
+@pytest.mark.parametrize("line,msg", [('{"max_tokens": 3}', "prompt"), ("not json", "trace.jsonl, line 1"),
                                       ('{"prompt": "x", "stream": true, "client_action": "client-timeout"}',
                                        "contradicts")])
 def test_jsonl_trace_errors_name_the_line(tmp_path, line, msg):

@@ -118,3 +118,14 @@ def test_growth_that_levels_off_is_warm_up_and_growth_that_keeps_its_slope_is_a_
 def test_plateau_test_fits_the_later_half():
     t = plateau_test([0, 1, 2, 3, 4, 5], [0, 5, 10, 10, 10, 10], 0.1)
     assert t["slope"] > 1 and t["late_slope"] == pytest.approx(0.0) and t["warm_up"] and not t["keeps_growing"]
+
+
+def test_six_idle_points_are_enough_for_a_container_that_keeps_growing():
+    # the default run's 6 idle points: a 95% CI over the last 3 is too wide, steady growth is not
+    mib = 2**20
+    bursty = [67, 203, 325, 434, 553, 713]  # vllm#44175's list on the all-paths workload (entries)
+    assert host_memory_check(_points(bursty, [100 * mib] * 6))["verdict"] == "HOST-LEAK"
+    tapering = [0, 60, 90, 100, 103, 104]  # a cache filling up: late growth < 0.2 entries/request
+    assert host_memory_check(_points(tapering, [100 * mib] * 6))["verdict"] != "HOST-LEAK"
+    levelling = [0, 100, 200, 230, 235, 236]  # early growth that levels off in the later half
+    assert host_memory_check(_points(levelling, [100 * mib] * 6))["verdict"] != "HOST-LEAK"

@@ -67,7 +67,8 @@ def test_skip_free_on_abort_is_attributed_to_the_aborting_requests(tiny_checkpoi
     for b in f.leaked_blocks:
         assert b["client_action"] == plan[b["request_id"]].label
         assert b["action_kind"] == plan[b["request_id"]].kind
-        assert b["finish_reason"] == "abort" and "abort/disconnect path raised" in b["suspected_path"]
+        assert b["finish_reason"] == "abort" and b["suspected_path"].startswith("sequence finished by abort in ")
+        assert "its release raised before the blocks were freed (PlantedFault" in b["suspected_path"]
     assert {g["action_kind"] for g in f.by_action} == {plan[r].kind for r in owners}
     assert sum(g["blocks"] for g in f.by_action) == f.drain.deficit_blocks
     assert {r["request_id"] for r in f.cpu_state["leftover_requests"]} == raised

@@ -228,6 +228,7 @@ def test_interface_mixed_step_through_triton_backend(dtype):
     sc.k_cache.view(-1, 3, 16)[m.slot_mapping] = float("nan")
     sc.v_cache.view(-1, 3, 16)[m.slot_mapping] = float("nan")
     sc.to(DEVICE)
+    m = sc.meta  # the metadata on the device (the CPU one above was only for the wipe)
     pad = torch.full((2,), -1, dtype=torch.long, device=DEVICE)
     key = torch.cat([sc.key, torch.full_like(sc.key[:2], float("nan"))])
     value = torch.cat([sc.value, torch.full_like(sc.value[:2], float("nan"))])
@@ -264,23 +265,28 @@ def test_auto_backend_picks_torch_on_cpu(monkeypatch):
 
 
 # ---- end to end: a tiny model's greedy tokens through both backends --------------------------
+# The tiny checkpoint (tests/conftest.py) is random weights built in the test, with the default
+# model's tokenizer files ($VLITE_TEST_TOKENIZER_DIR where the GGUF package is absent, as on the
+# GPU machine).
 def test_engine_greedy_tokens_match_torch_backend(tiny_checkpoint, monkeypatch):
     """The model through the Triton path (chunked prefill over 4-token blocks, then decodes,
     GQA 4/2 heads; a second pass over the same prompts, which prefix caching, where on,
-    serves partly from cached blocks) produces the torch path's greedy tokens in float32."""
+    serves partly from cached blocks) produces the torch path's greedy tokens in float32.
+    On a GPU the Triton run captures and replays the decode CUDA graphs (the torch path runs
+    eagerly: it plans each step on the host)."""
     from conftest import make_engine
 
     from vlite.engine.sampling_params import SamplingParams
 
-    if ON_GPU:
-        pytest.skip("the engine test pins the CPU device; on a GPU, vlite bench covers the engine")
     g = torch.Generator().manual_seed(_seed())
     prompts = [torch.randint(10, 1000, (n,), generator=g).tolist() for n in (13, 22, 6)]
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     runs = {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv("VLITE_ATTENTION_BACKEND", backend)
-        engine = make_engine(tiny_checkpoint, num_blocks=40, block_size=4, max_num_batched_tokens=10)
+        engine = make_engine(tiny_checkpoint, num_blocks=40, block_size=4, max_num_batched_tokens=10,
+                             max_num_seqs=4, max_model_len=64, device=DEVICE.type)
+        assert (engine.model_runner.cuda_graphs is not None) == (ON_GPU and backend == "triton")
         runs[backend] = [o.outputs[0].token_ids for _ in range(2) for o in engine.generate(prompts, params)]
     assert all(len(t) == 5 for t in runs["torch"])
     assert runs["torch"][:3] == runs["torch"][3:]
@@ -293,8 +299,8 @@ def test_cuda_graph_decode_matches_eager_on_gpu(tiny_checkpoint):
     may pick other matmul kernels, and bfloat16 rounding could then flip a near-tie)."""
     if not ON_GPU:
         pytest.skip("CUDA graphs need a GPU")
-    from vlite.engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from vlite.engine.llm_engine import LLMEngine
+    from conftest import make_engine
+
     from vlite.engine.sampling_params import SamplingParams
 
     g = torch.Generator().manual_seed(_seed())
@@ -302,10 +308,9 @@ def test_cuda_graph_decode_matches_eager_on_gpu(tiny_checkpoint):
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (12, 4, 9, 20, 7)]
     runs = {}
     for eager in (True, False):
-        config = EngineConfig(model=str(tiny_checkpoint.path), dtype="float32", device="cuda", enforce_eager=eager,
-                              cache=CacheConfig(block_size=16, num_blocks=64),
-                              scheduler=SchedulerConfig(max_num_seqs=6, max_model_len=256))
-        engine = LLMEngine(config, checkpoint=tiny_checkpoint)
+        engine = make_engine(tiny_checkpoint, num_blocks=64, block_size=16, max_num_seqs=6, max_model_len=256,
+                             device="cuda", enforce_eager=eager)
         assert (engine.model_runner.cuda_graphs is None) == eager
+        assert engine.model_runner.cuda_graphs is None or engine.model_runner.cuda_graphs.buckets == [1, 2, 4, 6]
         runs[eager] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
     assert runs[False] == runs[True]

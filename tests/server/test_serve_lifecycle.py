@@ -257,4 +257,4 @@ def test_a_max_model_len_beyond_the_model_is_refused_before_binding(tiny_model_d
     result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", str(port),
                                       "--max-model-len", "100000"])
     assert result.exit_code == 2, result.output
-    assert "max_model_len 100000 exceeds the model's limit of" in result.output
+    assert "--max-model-len 100000 exceeds the model's limit of" in result.output

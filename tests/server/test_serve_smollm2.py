@@ -43,3 +43,23 @@ def test_smollm2_chat_stream_and_disconnect(server):
     stream.close()
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
+
+
+def test_readme_structured_output_example_finishes_with_valid_json(server):
+    """The README's structured-output curl, sent as written: it ends by itself ("stop"), not at
+    max_tokens, and its text is JSON valid against the schema."""
+    import json
+    import re
+    from pathlib import Path
+
+    import httpx
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    body = json.loads(re.search(r"-d '(\{\"messages\".*?\})'  # structured output", readme, re.DOTALL).group(1))
+    resp = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    value = json.loads(choice["message"]["content"])
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert set(value) == set(schema["required"]) and isinstance(value["name"], str) and isinstance(value["age"], int)

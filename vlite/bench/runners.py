@@ -33,9 +33,14 @@ class GenerationRun:
     backend: str
     elapsed_s: float
     token_ids: list[list[int]]
+    # Stopped early (Ctrl-C): the indices of the requests that finished; None for a whole run.
+    finished: list[int] | None = None
 
     def summary(self, requests: list[SampleRequest]) -> dict[str, float]:
-        """vLLM's throughput numbers; prompt and output totals count what was requested."""
+        """vLLM's throughput numbers; prompt and output totals count what was requested (of an
+        interrupted run: of the requests that finished, over the time until the interruption)."""
+        if self.finished is not None:
+            requests = [requests[i] for i in self.finished]
         prompt = sum(r.prompt_len for r in requests)
         output = sum(r.expected_output_len for r in requests)
         return {
@@ -59,11 +64,14 @@ def progress_bar(enabled: bool = True):
 
 
 def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True, temperature: float = 0.0,
-              warmup: bool = True) -> GenerationRun:
+              warmup: bool = True, stop=None) -> GenerationRun:
     """All requests through ``engine.generate`` (continuous batching), greedy unless ``temperature`` > 0.
 
     Each request gets ``max_tokens = expected_output_len`` and ``ignore_eos``. A short warm-up
     batch (2 requests x 4 tokens) runs first so one-time costs (allocator, thread pools) stay out.
+
+    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): the run ends there; the result counts
+    the requests that finished (``finished``), over the time until then.
 
     Raises:
         BenchRunError: a request ended in an engine error (no figure is computed from such a run).
@@ -76,8 +84,15 @@ def run_vlite(engine, requests: list[SampleRequest], show_progress: bool = True,
     params = [SamplingParams(max_tokens=r.expected_output_len, temperature=temperature, ignore_eos=True,
                              seed=0 if temperature > 0 else None) for r in requests]
     start = time.perf_counter()
-    outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress)
+    outs = engine.generate([r.prompt_token_ids for r in requests], params, show_progress=show_progress, stop=stop)
     elapsed = time.perf_counter() - start
+    if stop is not None and stop.is_set():  # interrupted: the finished requests only
+        done = [i for i, o in enumerate(outs) if o is not None]
+        failed = [outs[i] for i in done if outs[i].error or outs[i].outputs[0].finish_reason == "error"]
+        if failed:
+            raise BenchRunError(f"{len(failed)} of {len(done)} finished requests failed in the engine, e.g. "
+                                f"{failed[0].request_id}: {failed[0].error or 'finish_reason error'}")
+        return GenerationRun("vlite", elapsed, [list(outs[i].outputs[0].token_ids) for i in done], finished=done)
     failed = [o for o in outs if o.error or o.outputs[0].finish_reason == "error"]
     if failed:  # a throughput over tokens that were never generated would be a false figure
         raise BenchRunError(f"{len(failed)} of {len(outs)} requests failed in the engine, e.g. "
@@ -89,18 +104,30 @@ class BenchRunError(RuntimeError):
     """Requests of a benchmark run ended in an engine error, so the run has no valid figure."""
 
 
-def load_hf_model(model_path: str, dtype: str = "float32"):
-    """transformers' AutoModelForCausalLM from a local directory, in eval mode on CPU."""
+def load_hf_model(model_path: str, dtype: str = "float32", device: torch.device | str = "cpu"):
+    """transformers' AutoModelForCausalLM from a local directory, in eval mode on ``device``
+    (the device vlite ran on, so the baseline is compared on the same hardware).
+
+    Raises:
+        ValueError: a dtype other than float32 or bfloat16, or a device this torch lacks.
+    """
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).eval()
+    if dtype not in _DTYPES:
+        raise ValueError(f"the transformers baseline takes dtype float32 or bfloat16, got {dtype!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for the transformers baseline, but this torch sees no CUDA device")
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype]).to(device).eval()
 
 
 @torch.inference_mode()
 def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_batch_size: int = 64,
                   show_progress: bool = True) -> GenerationRun:
-    """Left-padded static batches of at most ``max_batch_size`` requests, in request order."""
+    """Left-padded static batches of at most ``max_batch_size`` requests, in request order, on
+    the model's device (the timing ends after the last batch's tokens are back on the host)."""
     progress = progress_bar(show_progress)
+    device = next(model.parameters()).device
     token_ids: list[list[int]] = []
     start = time.perf_counter()
     with progress:
@@ -114,10 +141,10 @@ def run_hf_static(model, requests: list[SampleRequest], pad_token_id: int, max_b
                 ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_token_ids)
                 mask[i, width - r.prompt_len:] = 1
             max_new = max(r.expected_output_len for r in batch)
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+            out = model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new, min_new_tokens=max_new,
                                  do_sample=False, eos_token_id=None, pad_token_id=pad_token_id)
             for i, r in enumerate(batch):
-                token_ids.append(out[i, width:width + r.expected_output_len].tolist())
+                token_ids.append(out[i, width:width + r.expected_output_len].tolist())  # a device sync
             progress.advance(task, len(batch))
     return GenerationRun("hf-static", time.perf_counter() - start, token_ids)
 

@@ -97,10 +97,12 @@ async def completions_request(client, url: str, model: str, req: SampleRequest, 
 async def run_requests(base_url: str, model: str, requests: list[SampleRequest], request_rate: float = float("inf"),
                        burstiness: float = 1.0, max_concurrency: int | None = None, seed: int = 0,
                        timeout_s: float = 600.0, api_key: str | None = None,
-                       on_done=None) -> tuple[list[RequestFuncOutput], float]:
+                       on_done=None, stop=None, drain_s: float = 5.0) -> tuple[list[RequestFuncOutput], float]:
     """Send every request as scheduled; returns (outputs in request order, duration seconds).
 
-    ``on_done`` (optional) is called after each request finishes (progress bars).
+    ``on_done`` (optional) is called after each request finishes (progress bars). ``stop`` (a
+    ``threading.Event``, set by a first Ctrl-C): no more requests are sent, those in flight get
+    ``drain_s`` seconds to finish and are then cancelled; only the answered ones are returned.
     """
     import httpx
 
@@ -119,9 +121,24 @@ async def run_requests(base_url: str, model: str, requests: list[SampleRequest],
             if on_done:
                 on_done()
 
+        async def send_all() -> None:
+            tasks = []
+            async for i, req in request_arrivals(requests, request_rate, burstiness, seed):
+                if stop is not None and stop.is_set():
+                    break
+                tasks.append(asyncio.create_task(one(i, req)))
+            await asyncio.gather(*tasks)
+
         start = time.perf_counter()
-        tasks = [asyncio.create_task(one(i, req))
-                 async for i, req in request_arrivals(requests, request_rate, burstiness, seed)]
-        await asyncio.gather(*tasks)
+        main = asyncio.create_task(send_all())
+        while stop is not None and not main.done() and not stop.is_set():
+            await asyncio.wait({main}, timeout=0.1)
+        if stop is not None and stop.is_set() and not main.done():
+            await asyncio.wait({main}, timeout=drain_s)  # those in flight may finish
+            main.cancel()  # cancels the gather, and so every request still open
+        try:
+            await main
+        except asyncio.CancelledError:
+            pass
         duration = time.perf_counter() - start
     return [o for o in outputs if o is not None], duration

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from vlite.cli import common
+from vlite.cli.interrupt import EXIT_INTERRUPTED, graceful_interrupt
 from vlite.engine import EngineArgs
 
 app = typer.Typer(help="Benchmarks with vLLM's metrics (throughput, latency, serving).", no_args_is_help=True,
@@ -84,6 +85,10 @@ def _throughput_line(s: dict) -> str:
             f"{s['output_tokens_per_second']:.2f} output tokens/s")
 
 
+def _say_interrupted(what: str) -> None:
+    common.err_console.print(f"[bold yellow]INTERRUPTED:[/] {what}", highlight=False, soft_wrap=True)
+
+
 def _write_json(path: Path | None, data: dict) -> None:
     if path is not None:
         Path(path).write_text(json.dumps(data, indent=4) + "\n")
@@ -133,21 +138,38 @@ def throughput(
                              num_prefixes, seed, output_len_given=output_len is not None)
     import torch
 
-    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, {len(requests)} requests, "
-                             f"torch threads {torch.get_num_threads()}, CPU GEMM {engine.cpu_gemm or '-'}")
-    try:
-        result = runners.run_vlite(engine, requests, show_progress=progress)
-    except runners.BenchRunError as exc:
-        common.fail(str(exc), code=1)
-    summary = result.summary(requests)
-    print(_throughput_line(summary))
-    print(f"Total num prompt tokens:  {summary['total_prompt_tokens']}")
-    print(f"Total num output tokens:  {summary['total_output_tokens']}")
-    data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype, cpu_gemm=engine.cpu_gemm,
-                num_preemptions=engine.stats().num_preemptions_total, enable_ledger=not disable_ledger)
+    device = engine.device
+    common.err_console.print(f"vlite: {engine.model_name}, {dtype}, device {device}, "
+                             f"{common.plural(len(requests), 'request')}, torch threads {torch.get_num_threads()}, "
+                             f"CPU GEMM {engine.cpu_gemm or '-'}")
+    with graceful_interrupt("the benchmark") as stop:
+        try:
+            result = runners.run_vlite(engine, requests, show_progress=progress, stop=stop)
+        except runners.BenchRunError as exc:
+            common.fail(str(exc), code=1)
+        summary = result.summary(requests)
+        if result.finished is not None:
+            _say_interrupted(f"{common.plural(len(result.finished), 'request')} of {len(requests)} finished in "
+                             f"{result.elapsed_s:.1f} s; the figures below count those only")
+        print(_throughput_line(summary))
+        print(f"Total num prompt tokens:  {summary['total_prompt_tokens']}")
+        print(f"Total num output tokens:  {summary['total_output_tokens']}")
+        print(f"Device: {device}")
+        data = dict(summary, backend="vlite", model=engine.model_name, dtype=dtype, device=str(device),
+                    cpu_gemm=engine.cpu_gemm,
+                    num_preemptions=engine.stats().num_preemptions_total, enable_ledger=not disable_ledger)
+        if result.finished is not None:
+            data["interrupted"] = True
+            _write_json(output_json, data)
+            raise typer.Exit(EXIT_INTERRUPTED)
     if backend == "hf":
         del engine  # free the KV cache before loading the second model
-        hf_model = runners.load_hf_model(str(_model_dir(model)), dtype)
+        if device.type == "cuda":
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        hf_model = runners.load_hf_model(str(_model_dir(model)), dtype, device)  # vlite's device
         pad = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else 0
         data["baselines"] = {}
         for mode in modes:
@@ -158,10 +180,10 @@ def throughput(
             s = base.summary(requests)
             ratio = summary["output_tokens_per_second"] / s["output_tokens_per_second"]
             agree = runners.token_agreement(result.token_ids, base.token_ids)
-            print(f"[{base.backend}] {_throughput_line(s)}")
+            print(f"[{base.backend} on {device}] {_throughput_line(s)}")
             print(f"vlite / {base.backend}: {ratio:.2f}x output tokens/s; greedy tokens equal at "
                   f"{agree['positions'] * 100:.1f}% of positions ({agree['identical'] * 100:.0f}% of requests identical)")
-            data["baselines"][base.backend] = dict(s, ratio=ratio, token_agreement=agree)
+            data["baselines"][base.backend] = dict(s, ratio=ratio, token_agreement=agree, device=str(device))
     _write_json(output_json, data)
 
 
@@ -202,26 +224,43 @@ def latency(
 
     def run_once() -> float:
         start = time.perf_counter()
-        engine.generate(prompts, params)
+        engine.generate(prompts, params, stop=stop)  # a Ctrl-C ends the iteration at once
         return time.perf_counter() - start
 
+    common.err_console.print(f"vlite: {engine.model_name}, batches of {common.plural(batch_size, 'request')}, "
+                             f"{num_iters_warmup} warm-up + {num_iters} timed iterations (Ctrl-C stops and prints what "
+                             "was measured)", highlight=False)
     latencies: list[float] = []
-    with runners.progress_bar(progress) as bar:
+    with graceful_interrupt("the benchmark") as stop, runners.progress_bar(progress) as bar:
         task = bar.add_task("Warmup iterations", total=num_iters_warmup)
         for _ in range(num_iters_warmup):
+            if stop.is_set():
+                break
             run_once()
             bar.advance(task)
         task = bar.add_task("Profiling iterations", total=num_iters)
         for _ in range(num_iters):
-            latencies.append(run_once())
+            if stop.is_set():
+                break
+            latency_s = run_once()
+            if not stop.is_set():  # an iteration cut short by Ctrl-C is not a latency
+                latencies.append(latency_s)
             bar.advance(task)
+    if stop.is_set():
+        _say_interrupted(f"{common.plural(len(latencies), 'timed iteration')} of {num_iters} measured; the figures "
+                         "below count those only")
+        if not latencies:
+            raise typer.Exit(EXIT_INTERRUPTED)
     percentages = [10, 25, 50, 75, 90, 99]
     percentiles = np.percentile(latencies, percentages)
     print(f"Avg latency: {np.mean(latencies)} seconds")
     for p, v in zip(percentages, percentiles):
         print(f"{p}% percentile latency: {v} seconds")
     _write_json(output_json, {"avg_latency": float(np.mean(latencies)), "latencies": latencies,
-                              "percentiles": {str(p): float(v) for p, v in zip(percentages, percentiles)}})
+                              "percentiles": {str(p): float(v) for p, v in zip(percentages, percentiles)},
+                              **({"interrupted": True} if stop.is_set() else {})})
+    if stop.is_set():
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command("serve")
@@ -291,14 +330,19 @@ def serve(
         proc, base_url = start_server(model, server_args.split(), api_key=api_key)
     try:
         name = served_model_name or _first_model(base_url, api_key)
-        with runners.progress_bar(progress) as bar:
+        with graceful_interrupt("the benchmark") as stop, runners.progress_bar(progress) as bar:
             task = bar.add_task("Requests", total=len(requests))
             outputs, duration = asyncio.run(serving.run_requests(
                 base_url, name, requests, request_rate, burstiness, max_concurrency, seed, request_timeout, api_key,
-                on_done=lambda: bar.advance(task)))
+                on_done=lambda: bar.advance(task), stop=stop))
     finally:
         if proc is not None:
             stop_server(proc)
+    if stop.is_set():
+        _say_interrupted(f"{common.plural(len(outputs), 'request')} of {len(requests)} answered in {duration:.1f} s; "
+                         "the results below count those only")
+        if not outputs:
+            raise typer.Exit(EXIT_INTERRUPTED)
     m = bm.calculate_metrics(outputs, duration, pcts)
     text, keys = bm.format_serving_result(m, duration, selected, max_concurrency, request_rate)
     print(text)
@@ -317,12 +361,14 @@ def serve(
             "input_lens": [o.prompt_len for o in outputs], "output_lens": [o.output_tokens for o in outputs],
             "ttfts": [o.ttft for o in outputs], "itls": [o.itl for o in outputs],
             "generated_texts": [o.generated_text for o in outputs], "errors": [o.error for o in outputs],
-            **keys,
+            **keys, **({"interrupted": True} if stop.is_set() else {}),
         }
         rate = "inf" if request_rate == float("inf") else f"{request_rate:g}"
         conc = f"-concurrency{max_concurrency}" if max_concurrency else ""
         filename = result_filename or f"vlite-{rate}qps{conc}-{Path(name).name}-{result['date']}.json"
         _write_json(Path(result_dir or ".") / filename, result)
+    if stop.is_set():
+        raise typer.Exit(EXIT_INTERRUPTED)
     if m.failed:
         raise typer.Exit(1)
 

@@ -29,7 +29,8 @@ ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m",
                         help="Local HF directory, .gguf file, or the default model's name.")
 
 
-def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable], Callable]:
+def engine_args_options(*, include_faults: bool = False,
+                        help_extra: dict[str, str] | None = None) -> Callable[[Callable], Callable]:
     """Give a Typer command every ``EngineArgs`` option (vLLM's flag names and defaults).
 
     The decorated command declares one parameter ``engine_args: EngineArgs``; in the
@@ -39,7 +40,9 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
     ``include_faults``. A field whose name the command declares itself (``generate``'s
     per-request ``--seed``, ``leak-check``'s workload-dependent ``--max-num-batched-tokens``)
     keeps the command's option, and the command sets that ``EngineArgs`` field itself.
-    Turn the result into a config with ``create_engine_config``.
+    ``help_extra`` maps a field name to a sentence this command adds to the option's help (where
+    the command changes what the option's default means). Turn the result into a config with
+    ``create_engine_config``.
     """
 
     def decorate(func: Callable) -> Callable:
@@ -57,7 +60,8 @@ def engine_args_options(*, include_faults: bool = False) -> Callable[[Callable],
             default = f.default
             if f.name == "inject_faults":
                 annotation, default = list[str], []
-            option = typer.Option(default, *f.metadata["flags"], help=f.metadata["help"])
+            option = typer.Option(default, *f.metadata["flags"],
+                                  help=" ".join(filter(None, (f.metadata["help"], (help_extra or {}).get(f.name)))))
             added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                            annotation=annotation))
         names = [p.name for p in added]
@@ -92,10 +96,28 @@ def create_engine_config(engine_args: EngineArgs) -> EngineConfig:
         fail(str(exc))
 
 
-def load_engine(config: EngineConfig):
-    """Start an LLMEngine, turning load errors into a clear message and exit code 2."""
+def check_before_load(config: EngineConfig):
+    """Every check that needs the model's config and tokenizer but not its weights (seconds, not
+    the minute a load can take): device and dtype, tensor-parallel size, ``--max-model-len``
+    against the model, and whether ``--num-blocks`` / ``--kv-cache-memory-bytes`` fit in memory.
+    Exit 2 with one line when one fails; else return the checkpoint without weights (config and
+    tokenizer) for prompt checks."""
+    from vlite.engine import ModelNotFoundError, check_engine_config
+
+    try:
+        with err_console.status(f"Checking {config.model} ..."):
+            return check_engine_config(config)
+    except (ModelNotFoundError, ValueError) as exc:
+        fail(str(exc))
+
+
+def load_engine(config: EngineConfig, *, checked: bool = False):
+    """Start an LLMEngine, turning load errors into a clear message and exit code 2. Runs
+    ``check_before_load`` first unless the caller did (``checked``)."""
     from vlite.engine import LLMEngine, ModelNotFoundError
 
+    if not checked:
+        check_before_load(config)
     try:
         with err_console.status(f"Loading {config.model} ..."):
             return LLMEngine(config)
@@ -103,11 +125,26 @@ def load_engine(config: EngineConfig):
         fail(str(exc))
 
 
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """``count`` and ``noun``, pluralised: "1 request", "2 requests", "0 requests"."""
+    return f"{count} {noun if count == 1 else plural_form or noun + 's'}"
+
+
 def seconds(value: float | None) -> str:
     """A duration for the terminal: "12.3 s", or "n/a" where it was not measured."""
     return "n/a" if value is None else f"{value:.1f} s"
 
 
+def warn(message: str) -> None:
+    """One "warning:" line on stderr (never folded); the command carries on."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)  # one line, never folded
+    from rich.markup import escape
+
+    # escaped: a message quoting JSON ([1, 2]) or a range ([0, 100]) is printed as it is
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)  # one line
     sys.exit(code)

@@ -36,26 +36,33 @@ def generate(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object per prompt instead of a table."),
 ) -> None:
     """Generate text for PROMPTs (or --prompts-file) with continuous batching."""
+    texts = list(prompts or [])
+    for i, text in enumerate(texts, 1):  # checked here, not after a model load
+        if not text.strip():
+            common.fail(f"PROMPT {i} of {len(texts)} is empty: give some text, or no PROMPT for the built-in prompts")
+    if prompts_file is not None:
+        texts += [line for line in prompts_file.read_text().splitlines() if line.strip()]
+        if not texts:
+            common.fail(f"--prompts-file {prompts_file} has no non-blank line")
+    if not texts:
+        texts = DEFAULT_PROMPTS
     import json
 
     from vlite.engine import RequestRejectedError, SamplingParams
 
-    texts = list(prompts or [])
-    if prompts_file is not None:
-        texts += [line for line in prompts_file.read_text().splitlines() if line.strip()]
-    if not texts:
-        texts = DEFAULT_PROMPTS
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 seed=seed, ignore_eos=ignore_eos, n=n, beam_width=beam_width)
     except ValueError as exc:
         common.fail(str(exc))
     config = common.create_engine_config(engine_args)  # --seed above is per request; the engine's stays 0
-    engine = common.load_engine(config)
+    meta = common.check_before_load(config)  # config and tokenizer: checks in seconds, before the weights load
     shown = list(texts)  # the table shows what the user typed, not the templated prompt
     if chat:
-        texts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                                      add_generation_prompt=True) for t in texts]
+        texts = [meta.tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                                    add_generation_prompt=True) for t in texts]
+    _check_lengths(texts, shown, max_tokens, meta, config)
+    engine = common.load_engine(config, checked=True)
     try:
         outputs = engine.generate(texts, params, show_progress=not json_out)
     except RequestRejectedError as exc:
@@ -82,3 +89,21 @@ def generate(
         f"{s.step} steps; preemptions: {s.num_preemptions_total}; free blocks {s.num_free_blocks}/{s.num_total_blocks}"
         f" (+{s.num_cached_blocks} cached); prefix cache hits {s.blocks.prefix_cache_hits}/"
         f"{s.blocks.prefix_cache_queries} tokens")
+
+
+def _check_lengths(texts: list[str], shown: list[str], max_tokens: int, meta, config) -> None:
+    """Exit 2 before the model loads if a prompt plus ``--max-tokens`` exceeds the model length
+    (``--max-model-len``, else the model's limit), naming the prompt and the largest values that fit."""
+    from vlite.engine import derive_max_model_len
+
+    max_len = derive_max_model_len(meta.config, config.scheduler.max_model_len)
+    for i, (text, typed) in enumerate(zip(texts, shown), 1):
+        num_tokens = len(meta.tokenizer(text).input_ids)
+        if num_tokens + max_tokens > max_len:
+            short = typed if len(typed) <= 40 else typed[:37] + "..."
+            room, explicit = max_len - num_tokens, config.scheduler.max_model_len is not None
+            fix = f"lower --max-tokens to {room} or less" if room >= 1 else "shorten the prompt"
+            fix += " or raise --max-model-len" if explicit else ""
+            common.fail(f"prompt {i} ({short!r}, {common.plural(num_tokens, 'token')}) + --max-tokens {max_tokens} = "
+                        f"{num_tokens + max_tokens} tokens exceeds the model length of {max_len} tokens"
+                        f"{' (--max-model-len)' if explicit else ''}; {fix}")

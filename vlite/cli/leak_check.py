@@ -16,9 +16,18 @@ import typer
 from rich.console import Console
 
 from vlite.cli import common
+from vlite.cli.interrupt import EXIT_INTERRUPTED, graceful_interrupt
 from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
+# The fixed scenarios' names (vlite/diagnostics/scenarios.py SCENARIOS; a test keeps the two equal).
+# Listed here so that --help shows them without importing the engine.
+SCENARIO_NAMES = ("abort-waiting", "abort-chunked-prefill", "disconnect-mid-stream", "non-streaming-disconnect",
+                  "abort-preempted", "raise-in-step", "never-fits", "repeated-short", "n-samples-abort",
+                  "beam-under-pressure", "shared-prefix-aborts", "stop-strings", "chat-eos",
+                  "preempted-resumed-aborted")
+_SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "
+               "requests asks for (42 blocks at --num-requests 120, 69 at 200), so that preemption happens")
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
@@ -29,13 +38,21 @@ def _range(text: str, name: str) -> tuple[int, int]:
         common.fail(f"{name} must be MIN:MAX tokens (e.g. 16:64), got {text!r}")
 
 
-@common.engine_args_options(include_faults=True)
+@common.engine_args_options(include_faults=True, help_extra={
+    "kv_cache_memory_bytes": f"Without it or --num-blocks, {_SMALL_POOL}.",
+    "num_blocks": f"Without it or --kv-cache-memory-bytes, {_SMALL_POOL}.",
+})
 def leak_check(
     workload: str = typer.Option("all-paths", "--workload", "-w",
-                                 help="'all-paths' (every engine path: prefix hits, preemption, n > 1, beam search, "
-                                      "EOS/stop finishes), 'synthetic' (plain requests), a JSONL trace (.jsonl), or a "
-                                      "ShareGPT file (.json)."),
-    num_requests: int = typer.Option(200, "--num-requests", min=1, help="Requests (synthetic/ShareGPT)."),
+                                 help="all-paths (every engine path: prefix hits, preemption, n > 1, beam search, "
+                                      "EOS/stop finishes; on a deliberately small KV pool sized from "
+                                      "--num-requests to force preemption, unless --num-blocks or "
+                                      "--kv-cache-memory-bytes is given), synthetic (plain requests), a JSONL trace (.jsonl; schema in "
+                                      "docs/leak-check.md), or a ShareGPT file (.json)."),
+    num_requests: int = typer.Option(200, "--num-requests", min=1,
+                                     help="Requests to run: the size of the all-paths (default) and synthetic "
+                                          "workloads, and the most read from a ShareGPT file (a JSONL trace runs "
+                                          "whole). It also sizes the waves (a fifth of the run) and the all-paths KV pool."),
     input_len: str = typer.Option("16:64", "--input-len", help="Synthetic prompt length range MIN:MAX, tokens."),
     output_len: str = typer.Option("8:32", "--output-len", help="Synthetic output length range MIN:MAX, tokens."),
     request_rate: float = typer.Option(float("inf"), "--request-rate",
@@ -50,7 +67,8 @@ def leak_check(
     sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", min=1.0, help="Sampling period, ms."),
     report: Path | None = typer.Option(None, "--report",  # noqa: B008 (Typer's option style)
                                        help="Write report.json, samples.csv, report.md, PNGs here."),
-    scenario: str | None = typer.Option(None, "--scenario", help="Run a fixed scenario by name, or 'all'."),
+    scenario: str | None = typer.Option(None, "--scenario",
+                                        help=f"Run a fixed scenario by name, or all: {', '.join(SCENARIO_NAMES)}."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload and the client actions."),
     n: int = typer.Option(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks)."),
     max_num_batched_tokens: int | None = typer.Option(
@@ -175,11 +193,15 @@ def leak_check(
                                       zombie_max_tokens=zombie_max_tokens, zombie_threshold_s=zombie_threshold_s))
         from vlite.diagnostics.http_target import TargetError, run_http
 
-        try:
-            run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
-                           sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
-        except TargetError as exc:
-            common.fail(str(exc))
+        with graceful_interrupt("the replay") as stop:
+            try:
+                run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
+                               sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
+            except TargetError as exc:
+                common.fail(str(exc))
+            run.info["total_s"] = round(time.time() - t_start, 2)
+            _finish(run, console, report)
+        sys.exit(exit_code(run.findings.verdict))
     else:
         from vlite.diagnostics.all_paths import suggest_num_blocks
         from vlite.diagnostics.run import run_in_process
@@ -189,14 +211,21 @@ def leak_check(
             engine_args.num_blocks = suggest_num_blocks(specs, every, engine_args.block_size)
         config = common.create_engine_config(engine_args)
         engine = common.load_engine(config)
-        console.print(f"leak-check: {len(specs)} requests on {engine.model_name} ({engine.device.type}), "
-                      f"{engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} ({abort_mode})",
-                      highlight=False)
-        run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
-                             sample_interval_s=interval_s, info=info, zombie_options=zombie_options)
-    run.info["total_s"] = round(time.time() - t_start, 2)
-    _finish(run, console, report)
-    sys.exit({"CLEAN": 0, "INCONCLUSIVE": 3}.get(run.findings.verdict, 1))
+        console.print(f"leak-check: {common.plural(len(specs), 'request')} on {engine.model_name} "
+                      f"({engine.device.type}), {engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} "
+                      f"({abort_mode}); Ctrl-C stops early and still writes the report", highlight=False)
+        # The first Ctrl-C stops the replay, drains and reports what was measured; a second exits at once.
+        with graceful_interrupt("the replay") as stop:
+            run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
+                                 sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
+            run.info["total_s"] = round(time.time() - t_start, 2)
+            _finish(run, console, report)
+        sys.exit(exit_code(run.findings.verdict))
+
+
+def exit_code(verdict: str) -> int:
+    """The exit code of a verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT), else 1."""
+    return {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": EXIT_INTERRUPTED}.get(verdict, 1)
 
 
 def _default_wave(num_specs: int, idle_every: int | None) -> int:
@@ -234,10 +263,14 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                          seed=seed, n=n)
         path = Path(workload)
+        if path.is_dir():
+            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, a JSONL trace (.jsonl) "
+                        "or a ShareGPT file (.json)")
         if not path.is_file():
-            common.fail(f"--workload {workload!r}: not 'all-paths' or 'synthetic' and no such file")
+            common.fail(f"--workload {workload}: not all-paths or synthetic, and no such file")
         if path.suffix == ".jsonl":
-            return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed)
+            return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed,
+                                     warn=common.warn)
         return wl.sharegpt_workload(path, num_requests, count_tokens=count_tokens, max_output_len=output_len[1],
                                     request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                     seed=seed)
@@ -250,9 +283,11 @@ def _finish(run, console: Console, report: Path | None) -> None:
 
     print_report(run, console)
     replay_s, total_s = run.info.get("replay_s"), run.info.get("total_s")
-    console.print(f"{len(run.replay.requests)} requests in {common.seconds(replay_s)} "
+    if run.replay.interrupted:
+        console.print(f"[yellow]{run.replay.interrupted}[/]", highlight=False)
+    console.print(f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(replay_s)} "
                   f"({common.seconds(total_s)} with engine start-up: model load, kernel build); "
-                  f"{len(run.samples)} samples", highlight=False)
+                  f"{common.plural(len(run.samples), 'sample')}", highlight=False)
     if report is not None:
         try:
             write_report(run, report)

@@ -58,7 +58,7 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
     first = conn.state()
     pool = f", pool {first.kv_total:g} {first.unit}" if first.kv_total else ""
     bs = f", block_size {first.block_size} tokens" if first.block_size else ""
-    console.print(f"leak-check (black-box): {len(specs)} requests in {len(waves)} waves against {conn.adapter.kind} "
+    console.print(f"leak-check (black-box): {common.plural(len(specs), 'request')} in {common.plural(len(waves), 'wave')} against {conn.adapter.kind} "
                   f"at {conn.base}{bs}{pool}", highlight=False)
     info = dict(info, idle_every=len(waves[0]) if waves else 0)
     res = run_blackbox(conn, waves, max_concurrency=max_concurrency, drain_timeout_s=drain_timeout,
@@ -72,9 +72,9 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
         apply_to(res, zombie_check_blackbox(conn, max_tokens=zombie_max_tokens, threshold_s=zombie_threshold_s,
                                             drain_timeout_s=drain_timeout))
     res.info["total_s"] = round(time.time() - t_start, 2)
-    console.print(f"{len(specs)} requests in {common.seconds(res.info.get('replay_s'))} "
+    console.print(f"{common.plural(len(specs), 'request')} in {common.seconds(res.info.get('replay_s'))} "
                   f"({common.seconds(res.info['total_s'])} in all); "
-                  f"{len(res.samples)} samples", highlight=False)
+                  f"{common.plural(len(res.samples), 'sample')}", highlight=False)
     return _finish(res, console, report)
 
 

@@ -10,6 +10,7 @@ way a server logs an exception in a disconnect handler and carries on.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,7 +26,8 @@ ROUTE = "leak-check"
 class RequestResult:
     """What happened to one replayed request, as the client saw it.
 
-    outcome: finished | aborted | rejected | error | abort-raised | lost.
+    outcome: finished | aborted | rejected | error | abort-raised | lost | not-sent (the run was
+    interrupted first).
     times are ``time.time()`` seconds; ``detail`` says what the client observed
     (e.g. "aborted during prefill, 32/97 prompt tokens cached").
     """
@@ -67,6 +69,8 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
     gauge_lags: list[float] = field(default_factory=list)
+    # Set when the replay was stopped early (Ctrl-C): what happened, in words; None for a full run.
+    interrupted: str | None = None
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
@@ -103,10 +107,14 @@ class InProcessClient:
         self._quiet_steps = 0
         self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
 
-    def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0) -> ReplayResult:
+    def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0,
+               stop: threading.Event | None = None, interrupt_drain_s: float = 5.0) -> ReplayResult:
         """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
 
         ``idle_every`` > 0: after that many admissions, admit no more until the engine is idle.
+        ``stop`` (set by a first Ctrl-C, ``vlite.cli.interrupt``): send no more requests, abort
+        those in flight, drain for at most ``interrupt_drain_s`` seconds, and return what was
+        measured with ``interrupted`` set; the requests never sent keep outcome "not-sent".
         """
         engine = self.engine
         queue = deque(sorted(specs, key=lambda s: s.arrival_s))
@@ -122,6 +130,9 @@ class InProcessClient:
             completed += 1
 
         while queue or inflight:
+            if stop is not None and stop.is_set():
+                self._interrupt(out, queue, inflight, results, done, interrupt_drain_s)
+                break
             now = time.time()
             wave_full = idle_every > 0 and in_wave >= idle_every
             while queue and not wave_full and len(inflight) < max_concurrency and queue[0].arrival_s <= now - t0:
@@ -151,16 +162,36 @@ class InProcessClient:
                     done(rid)
             elif queue:
                 time.sleep(min(0.05, max(0.0, queue[0].arrival_s - (time.time() - t0))))
-        self._drain(out)
+        if out.interrupted is None:
+            self._drain(out)
         self._idle_point(out, completed)
         out.end_time = time.time()
         return out
 
-    def _drain(self, out: ReplayResult) -> None:
+    def _interrupt(self, out: ReplayResult, queue, inflight, results, done, drain_s: float) -> None:
+        """Stop early: the queued requests are not sent, those in flight are aborted (as clients
+        that left), and the engine is drained for at most ``drain_s`` seconds."""
+        not_sent = len(queue)
+        for spec in queue:
+            res = results[spec.request_id]
+            res.outcome, res.detail = "not-sent", "the run was interrupted before it was sent"
+        queue.clear()
+        aborted = len(inflight)
+        for rid in list(inflight):
+            self._abort(rid, results[rid], "the run was interrupted (Ctrl-C): the client left")
+            done(rid)
+        self._drain(out, deadline=time.time() + drain_s)
+        ended = sum(1 for r in out.requests if r.outcome not in ("not-sent", "pending"))
+        out.interrupted = (f"interrupted (Ctrl-C) after {ended - aborted} of {len(out.requests)} requests had ended; "
+                           f"{aborted} in flight aborted, {not_sent} never sent")
+
+    def _drain(self, out: ReplayResult, deadline: float | None = None) -> None:
         """Step until the engine has nothing left, as a server keeps stepping after its clients
-        left (bounded by ``stall_steps``): a request that outlived its client runs out here."""
+        left (bounded by ``stall_steps`` and, if given, the ``deadline`` in ``time.time()``
+        seconds): a request that outlived its client runs out here."""
         steps = 0
-        while self.engine.has_unfinished_requests() and steps < self.stall_steps:
+        while self.engine.has_unfinished_requests() and steps < self.stall_steps \
+                and (deadline is None or time.time() < deadline):
             self.engine.step()
             steps += 1
         if steps:

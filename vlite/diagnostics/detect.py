@@ -89,6 +89,8 @@ class Findings:
     zombies: dict | None = None
     registries: dict | None = None
     unattributed: list[dict] = field(default_factory=list)
+    # The run was stopped early (Ctrl-C): what happened, in words (client.ReplayResult.interrupted).
+    interrupted: str | None = None
     # Issue 33: containers reachable from the engine that still hold ended requests (census.py)
     census: dict | None = None
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
@@ -118,11 +120,21 @@ class Findings:
         return bool(finishes) and set(finishes) == {"error"}
 
     @property
+    def interrupted_verdict(self) -> bool:
+        """The run was stopped early and shows no leak on a drained engine: its verdict is
+        INTERRUPTED (a leak seen at quiescence is still a LEAK, whatever stopped the run)."""
+        return self.interrupted is not None and not (self.leak and self.drain.quiescent)
+
+    @property
     def verdict(self) -> str:
         """LEAK, HOST-LEAK (blocks and per-request state clean, host memory keeps growing past
         warm-up), ZOMBIE (no leak, but requests outlived their clients), INCONCLUSIVE (no leak
-        seen, but every request failed in the engine) or CLEAN. The CLI exits 0 for CLEAN, 1 for
-        LEAK, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box check)."""
+        seen, but every request failed in the engine), INTERRUPTED (stopped by Ctrl-C before the
+        workload ended; the partial findings are reported, not a verdict) or CLEAN. The CLI exits
+        0 for CLEAN, 1 for LEAK, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box
+        check), 130 for INTERRUPTED."""
+        if self.interrupted_verdict:
+            return "INTERRUPTED"
         if self.leak:
             return "LEAK"
         if self.host_leak:
@@ -133,6 +145,11 @@ class Findings:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
         zombie_part = (f"{len(self.zombies['zombies'])} requests outlived their clients (zombies)"
                        if self.zombie else "")
+        if self.interrupted_verdict:
+            d = self.drain
+            seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
+                    f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
+            return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]
             what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
@@ -152,7 +169,10 @@ class Findings:
             reqs = {b["request_id"] for b in self.leaked_blocks}
             parts.append(f"{self.drain.deficit_blocks} blocks leaked (deficit), held by {len(reqs)} finished requests")
         if self.drain.excess_frees:
-            parts.append(f"{self.drain.excess_frees} excess frees (double free)")
+            first = next((a for a in self.anomalies if a.get("release_sites")), None)
+            sites = (f": block {first['block_id']} released by {' and again by '.join(first['release_sites'])}"
+                     if first else "")
+            parts.append(f"{self.drain.excess_frees} excess frees (double free{sites})")
         cpu = self.cpu_state
         if cpu["orphan_block_tables"]:
             parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")

@@ -27,17 +27,50 @@ def _release_phase(r: dict) -> str:
 
 
 def suspected_paths(snap, rows: list[dict]) -> None:
-    """Set ``suspected_path`` and ``evidence`` on every held-block row (in place)."""
+    """Set ``suspected_path`` and ``evidence`` on every held-block row (in place).
+
+    Recorded facts come first: the finish path the sequence took and an exception that cut its
+    release short (``RequestRecord.finish_path`` / ``release_error``), and whether the free path
+    ran for it at all (``BlockLedger.frees``). Only without them is the path read from the
+    release history."""
     released_by_seq: dict[int, list[dict]] = defaultdict(list)
     for r in snap.released:
         released_by_seq[r["seq_id"]].append(r)
+    frees_by_seq: dict[int, list[dict]] = defaultdict(list)
+    for f in getattr(snap, "frees", []) or []:
+        frees_by_seq[f["seq_id"]].append(f)
     held_by_seq: dict[int, list[dict]] = defaultdict(list)
     for row in rows:
         held_by_seq[row["seq_id"]].append(row)
     live = set(snap.live_state.get("live_request_ids", []))
+    frees = getattr(snap, "frees", None) or []
     for row in rows:
-        path, ev = _suspect(row, snap, released_by_seq[row["seq_id"]], held_by_seq[row["seq_id"]], live)
-        row["suspected_path"], row["evidence"] = path, ev
+        held = held_by_seq[row["seq_id"]]
+        path, ev = _suspect(row, snap, released_by_seq[row["seq_id"]], held, live)
+        # "no free recorded" is evidence only if the bounded history reaches back to this allocation
+        covered = bool(frees) and frees[0]["step"] <= row["step"]
+        recorded, extra = _recorded(row, frees_by_seq[row["seq_id"]], len(held), covered)
+        row["suspected_path"] = recorded or path
+        row["evidence"] = f"{ev}; {extra}" if extra else ev
+
+
+def _recorded(row: dict, frees: list[dict], num_held: int, has_frees: bool) -> tuple[str | None, str]:
+    """(the path the engine's records prove, or None; evidence text to add)."""
+    finish, error = row.get("finish_path"), row.get("release_error")
+    finished_by = f"finished by {finish}" if finish else None
+    if error:
+        return (f"sequence {finished_by or 'finished'}; its release raised before the blocks were freed ({error})",
+                "")
+    if row.get("status") == "finished" and finish is None and row.get("finish_reason") is None:
+        return "sequence marked finished without passing the finish path (no finish recorded)", ""
+    if frees:
+        f = frees[-1]
+        return None, (f"free path ran {len(frees)}x, last {f['code_path']} at step {f['step']} "
+                      f"({f['num_released']} references)")
+    if finished_by and has_frees:
+        return (f"sequence {finished_by}; no release recorded for its {num_held} block{'s' if num_held != 1 else ''} "
+                "(the free path never ran for it)", "")
+    return None, ""
 
 
 def _suspect(row: dict, snap, released: list[dict], held: list[dict], live: set[str]) -> tuple[str, str]:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-# A container keeps growing when its late slope's 95% CI stays above this (entries/request) and it
-# gained at least MIN_CONTAINER_GROWTH entries over the late half.
+# A container keeps growing when it gained at least MIN_CONTAINER_GROWTH entries over the late half
+# and either its late slope's 95% CI stays above this (entries/request) or it grew by at least this
+# much in every late interval without tapering (keeps_growing_steadily).
 CONTAINER_SLOPE = 0.2
 MIN_CONTAINER_GROWTH = 5
 # Anonymous RSS + swap keeps growing when its late slope's 95% CI stays above this (bytes/request).
@@ -76,6 +77,23 @@ def plateau_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     return out
 
 
+def keeps_growing_steadily(xs: list[float], ys: list[float], threshold: float) -> bool:
+    """Exact counts (container entries): the series grew by at least ``threshold`` per x-unit in
+    every interval of its later half, and the later half's slope is at least half the earlier
+    half's (it kept its slope instead of tapering off). Needs 2 intervals in the later half;
+    works where a 95% CI over 3 points is too wide to say anything."""
+    half = len(xs) // 2
+    late_x, late_y = xs[half:], ys[half:]
+    if len(late_x) < 3:
+        return False
+    steps = list(zip(late_x, late_x[1:], late_y, late_y[1:]))
+    if not all(x1 > x0 and (y1 - y0) >= threshold * (x1 - x0) for x0, x1, y0, y1 in steps):
+        return False
+    early = (ys[half] - ys[0]) / (xs[half] - xs[0]) if xs[half] > xs[0] else 0.0
+    late = (late_y[-1] - late_y[0]) / (late_x[-1] - late_x[0])
+    return late >= 0.5 * early
+
+
 def host_memory_check(points: list) -> dict:
     """The host-memory verdict from idle points that carry ``host`` readings.
 
@@ -101,7 +119,7 @@ def host_memory_check(points: list) -> dict:
         if sizes[-1] - sizes[half] < MIN_CONTAINER_GROWTH:
             continue
         test = plateau_test(xs, sizes, CONTAINER_SLOPE)
-        if test["keeps_growing"]:
+        if test["keeps_growing"] or keeps_growing_steadily(xs, sizes, CONTAINER_SLOPE):
             result["growing"].append({"path": path, "entries_per_request": round(test["late_slope"], 3),
                                       "first": int(sizes[0]), "last": int(sizes[-1])})
     anon_test = result["anon_swap"] or {}

@@ -206,10 +206,11 @@ async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int
     res.detail = res.detail or ("" if res.finish_reason else "stream ended without [DONE]")
 
 
-async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[float] | None = None) -> bool:
-    """Poll /metrics until nothing runs or waits twice in a row (bounded by IDLE_TIMEOUT_S).
+async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[float] | None = None,
+                     timeout_s: float = IDLE_TIMEOUT_S) -> bool:
+    """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
     ``first_quiet`` gets the time of the first of those quiet reads."""
-    deadline, quiet = time.time() + IDLE_TIMEOUT_S, 0
+    deadline, quiet = time.time() + timeout_s, 0
     while time.time() < deadline:
         t = time.time()
         m = parse_metrics((await client.get(f"{base}/metrics")).text)
@@ -224,17 +225,21 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[flo
 
 
 async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
-                  probe) -> ReplayResult:
+                  probe, stop=None, interrupt_drain_s: float = 5.0) -> ReplayResult:
     results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
     out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
     ordered = sorted(specs, key=lambda s: s.arrival_s)
     sem = asyncio.Semaphore(max_concurrency)
     t0, completed = out.start_time, 0
 
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
     async def launch(spec: RequestSpec) -> None:
         await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
         async with sem:
-            await _one(base, spec, results[spec.request_id])
+            if not stopped():
+                await _one(base, spec, results[spec.request_id])
 
     async with httpx.AsyncClient(timeout=10.0) as admin:
         await _wait_idle(base, admin)
@@ -242,7 +247,20 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
         step = idle_every or len(ordered)
         for i in range(0, len(ordered), step):
             wave = ordered[i:i + step]
-            await asyncio.gather(*(launch(s) for s in wave))
+            if stopped():
+                break
+            task = asyncio.ensure_future(asyncio.gather(*(launch(s) for s in wave)))
+            while stop is not None and not task.done() and not stop.is_set():
+                await asyncio.wait({task}, timeout=0.1)
+            if stopped() and not task.done():
+                await asyncio.wait({task}, timeout=interrupt_drain_s)  # those in flight may finish
+                task.cancel()  # the rest disconnect: the server aborts them
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            if stopped():
+                break
             completed += len(wave)
             left = time.time()  # every client of the wave has finished or gone
             quiet: list[float] = []
@@ -250,8 +268,29 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
                 break  # still busy after the bound: the final snapshot will say it is not quiescent
             out.gauge_lags.append(max(0.0, quiet[0] - left) if quiet else 0.0)
             out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
+        if stopped():
+            _mark_interrupted(out)
+            await _wait_idle(base, admin, timeout_s=interrupt_drain_s)
     out.end_time = time.time()
     return out
+
+
+def _mark_interrupted(out: ReplayResult) -> None:
+    """After a Ctrl-C: requests never sent are "not-sent", those cut off are "aborted"."""
+    now, aborted, not_sent = time.time(), 0, 0
+    for r in out.requests:
+        if r.outcome not in ("pending", "streaming"):
+            continue
+        if r.arrival_time:
+            r.outcome, r.detail, r.abort_time, r.end_time = ("aborted", "the run was interrupted (Ctrl-C): the client "
+                                                             "left", now, now)
+            aborted += 1
+        else:
+            r.outcome, r.detail = "not-sent", "the run was interrupted before it was sent"
+            not_sent += 1
+    ended = sum(1 for r in out.requests if r.outcome not in ("not-sent", "pending"))
+    out.interrupted = (f"interrupted (Ctrl-C) after {ended - aborted} of {len(out.requests)} requests had ended; "
+                       f"{aborted} in flight aborted, {not_sent} never sent")
 
 
 def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
@@ -284,8 +323,11 @@ def _wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> No
 
 
 def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
-             sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None) -> RunResult:
+             sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None,
+             stop=None) -> RunResult:
     """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
+    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): send no more, drain a few seconds,
+    and report what was measured (verdict INTERRUPTED).
 
     Raises:
         TargetError: the server is unreachable or has no vlite block metrics.
@@ -314,7 +356,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
 
     t0 = time.time()
     try:
-        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe))
+        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop))
     finally:
         sampler.stop()
     sampler.sample()
@@ -329,6 +371,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         zopts["gauge_lag_s"] = round(max(replay.gauge_lags), 3)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zopts)
+    findings.interrupted = replay.interrupted
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:
@@ -337,4 +380,6 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
              "num_requests": len(specs), "debug_endpoints": debug.status_code == 200,
              "gpu_source": memory.gpu_source, "replay_s": round(time.time() - t0, 2),
              "num_preemptions_total": None, "sampler_errors": sampler.errors, **(info or {})}
+    if replay.interrupted:
+        facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, facts)

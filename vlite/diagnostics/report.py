@@ -53,7 +53,8 @@ def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20)
 def print_verdict(findings, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
-    color = "red" if f.leak or f.host_leak else "yellow" if f.zombie or f.inconclusive else "green"
+    verdict = f.verdict
+    color = "red" if verdict in ("LEAK", "HOST-LEAK") else "green" if verdict == "CLEAN" else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 
@@ -73,7 +74,7 @@ def print_report(run, console: Console | None = None) -> None:
         console.print(_table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12))
     if f.anomalies:
         console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
-                                                               "step")))
+                                                               "step", "release_sites")))
     cpu = f.cpu_state
     if cpu["orphan_block_tables"]:
         console.print(_table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"],
@@ -170,7 +171,8 @@ def report_markdown(run, plots: list[str]) -> str:
            "## Leaked blocks by allocation site\n", _md_table(f.by_site, ("site", "blocks", "references", "requests")),
            "## Leaked blocks by owner request\n", _md_table(f.by_request, _REQ_COLS),
            "## Blocks still held\n", _md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
-           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step")),
+           "## Ledger anomalies\n", _md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step",
+                                                    "release_sites")),
            "## CPU-side state\n", "Orphan block tables:\n\n",
            _md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
                                                           "finish_reason")),

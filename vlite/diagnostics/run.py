@@ -7,6 +7,7 @@ does the same against a running ``vlite serve``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -33,12 +34,14 @@ class RunResult:
 
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
                    sample_interval_s: float = 0.1, info: dict | None = None,
-                   zombie_options: dict | None = None) -> RunResult:
+                   zombie_options: dict | None = None, stop: threading.Event | None = None) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
 
     The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
-    coverage counts are taken from after the calibration.
+    coverage counts are taken from after the calibration. ``stop`` (set by a first Ctrl-C)
+    ends the replay early: the run is drained for a few seconds and its findings say
+    INTERRUPTED, with every sample taken so far.
     """
     from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
     from vlite.diagnostics.registries import sizes_source
@@ -63,7 +66,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
     t0 = time.time()
     try:
-        replay = InProcessClient(engine, probe, view=view).replay(specs, max_concurrency, idle_every)
+        replay = InProcessClient(engine, probe, view=view).replay(specs, max_concurrency, idle_every, stop=stop)
     finally:
         sampler.stop()
     sampler.sample()  # the drained state, after the last step
@@ -73,6 +76,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     findings.census = census_findings(view, replay.requests)
     findings.host_memory = host_memory_check(replay.idle_points)
     findings.notes.extend(replay.notes)
+    findings.interrupted = replay.interrupted
     if memory.note:
         findings.notes.append(memory.note)
     run_facts = {"target": "in-process", "model": facts.model_name, "device": facts.device,
@@ -82,6 +86,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                  "inject_faults": list(facts.inject_faults), "tensor_parallel_size": facts.tensor_parallel_size,
                  "worker_pids": list(facts.worker_pids), "replay_s": round(time.time() - t0, 2),
                  "sampler_errors": sampler.errors, **(info or {})}
+    if replay.interrupted:
+        run_facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, run_facts)
 
 

@@ -43,6 +43,7 @@ class Snapshot:
     histories: dict[str, dict] = field(default_factory=dict)  # name -> {size, bound}
     coverage: dict | None = None
     released: list[dict] = field(default_factory=list)  # bounded release history, oldest first
+    frees: list[dict] = field(default_factory=list)  # calls of the free path (FreeRecord), oldest first
     blocks_not_free: list[dict] = field(default_factory=list)  # {block_id, ref_count}
     request_history: dict[str, dict] = field(default_factory=dict)  # request_id -> RequestHistory fields
 
@@ -64,7 +65,9 @@ def from_view(view: EngineView) -> Snapshot:
         rec = view.request_record(r.seq_id)
         ledger.append({"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
                        "step": r.step, "age_s": round(r.age_s, 3), **_origin_fields(r.origin), "status": r.status,
-                       "finish_reason": r.finish_reason, "num_preemptions": rec.num_preemptions if rec else None})
+                       "finish_reason": r.finish_reason, "num_preemptions": rec.num_preemptions if rec else None,
+                       "finish_path": rec.finish_path if rec else None,
+                       "release_error": rec.release_error if rec else None})
     live = view.live_state()
     owners = {}
     for sid in live.get("orphan_block_tables", []):
@@ -72,7 +75,7 @@ def from_view(view: EngineView) -> Snapshot:
         owners[sid] = ({"request_id": rec.origin.request_id, **_origin_fields(rec.origin), "status": rec.status,
                         "finish_reason": rec.finish_reason} if rec else {"request_id": None})
     anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
-                  "step": a.step} for a in view.ledger_anomalies()]
+                  "step": a.step, "release_sites": list(a.release_sites)} for a in view.ledger_anomalies()]
     for a in anomalies:
         rec = view.request_record(a["seq_id"])
         a.update(_origin_fields(rec.origin if rec else None))
@@ -88,6 +91,7 @@ def view_dict(view) -> dict:
             "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
             "coverage": snap.coverage.to_dict(),
             "released": [release_dict(r) for r in view.released()],
+            "frees": [asdict(f) for f in view.frees()],
             "blocks_not_free": view.blocks_not_free(),
             "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
 
@@ -99,7 +103,7 @@ def release_dict(r) -> dict:
             "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
             "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
             "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
-            "time": r.time}
+            "time": r.time, "code_path": r.code_path}
 
 
 def with_view(snap: Snapshot, view) -> Snapshot:
@@ -113,6 +117,7 @@ def apply_view_dict(snap: Snapshot, d: dict) -> Snapshot:
     snap.histories = dict(d.get("histories") or {})
     snap.coverage = d.get("coverage")
     snap.released = list(d.get("released") or [])
+    snap.frees = list(d.get("frees") or [])
     snap.blocks_not_free = list(d.get("blocks_not_free") or [])
     snap.request_history = dict(d.get("request_history") or {})
     return snap

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vlite.diagnostics.actions import ClientAction, plan_action
+from vlite.diagnostics.actions import ACTION_KINDS, ClientAction, plan_action
 
 # Common English words that are one token each in Llama-style BPE vocabularies (with a leading
 # space), so that a synthetic prompt of n words is close to n tokens.
@@ -136,36 +136,119 @@ def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
 
 
 def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
-                   prefix: str = "lc") -> list[RequestSpec]:
-    """Read a JSONL trace, one request per line (schema in docs/leak-check.md).
+                   prefix: str = "lc", warn: Callable[[str], None] | None = None) -> list[RequestSpec]:
+    """Read a JSONL trace, one request per line, checked against ``TRACE_SCHEMA`` (documented in
+    docs/leak-check.md, "JSONL trace schema").
 
-    Lines without ``client_action`` get one drawn from ``abort_rate``/``abort_mode``.
+    Lines without ``client_action`` get one drawn from ``abort_rate``/``abort_mode``. Keys not in
+    the schema are ignored, and ``warn`` (default: ``warnings.warn``) is called once with a line
+    listing them (and the key each was probably meant to be).
+
     Raises:
-        WorkloadError: unreadable file, bad JSON, or a missing/invalid field (with its line number).
+        WorkloadError: a directory or unreadable file, a line that is not JSON, or a field with a
+            wrong type or value: the message names the line, the field and the allowed values.
     """
+    path = Path(path)
+    if path.is_dir():
+        raise WorkloadError(f"trace {path} is a directory; give a JSONL file (one JSON object per line)")
     rng = random.Random(seed)
     specs = []
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read trace {path}: {exc}") from exc
+    unknown: dict[str, list[int]] = {}
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{path}, line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}); each line must be one JSON object, "
+                                f"e.g. {_EXAMPLE_LINE} (schema: docs/leak-check.md, JSONL trace schema)") from None
+        if not isinstance(row, dict):
+            raise WorkloadError(f"{path}, line {lineno}: a JSON {type(row).__name__.replace('str', 'string')} where "
+                                f"a JSON object is needed, e.g. {_EXAMPLE_LINE}")
+        for key in row:
+            if key not in TRACE_SCHEMA:
+                unknown.setdefault(key, []).append(lineno)
+        try:
             specs.append(_spec_from_row(row, rng, len(specs), abort_rate, abort_mode, prefix))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise WorkloadError(f"{path}:{lineno}: {exc}") from exc
+        except (ValueError, TypeError) as exc:
+            raise WorkloadError(f"{path}, line {lineno}: {exc}") from None
+    if unknown:
+        (warn or _warn)(f"{path}: ignored unknown {'key' if len(unknown) == 1 else 'keys'} " + "; ".join(
+            f"{k} (line{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls[:5]))}{', ...' if len(ls) > 5 else ''}"
+            f"{_did_you_mean(k)})" for k, ls in unknown.items()) + f"; known keys: {', '.join(TRACE_SCHEMA)}")
     if not specs:
         raise WorkloadError(f"trace {path} has no requests")
     return sorted(specs, key=lambda s: s.arrival_s)
 
 
-# Every key a JSONL trace line may have (docs/leak-check.md, "JSONL trace schema").
-TRACE_KEYS = ("arrival_s", "prompt", "prompt_len", "prefix_id", "prefix_len", "chat", "max_tokens", "min_tokens",
-              "temperature", "top_p", "seed", "ignore_eos", "n", "beam_width", "stop", "stop_token_ids",
-              "stop_token_at", "stop_string_at", "logprobs", "stream", "client_action", "request_id", "client_tag")
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
+
+
+def _did_you_mean(key: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, TRACE_SCHEMA, n=1)
+    return f": did you mean {close[0]}?" if close else ""
+
+
+_EXAMPLE_LINE = '{"prompt": "Hello", "max_tokens": 16}'
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# Every key a JSONL trace line may have: key -> (check of the JSON value, the allowed values in
+# words). docs/leak-check.md, "JSONL trace schema", documents the same table.
+TRACE_SCHEMA: dict[str, tuple[Callable[[object], bool], str]] = {
+    "arrival_s": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (seconds from the start)"),
+    "prompt": (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string"),
+    "prompt_len": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (tokens)"),
+    "prefix_id": (lambda v: v is None or isinstance(v, str) and bool(v), "a non-empty string or null"),
+    "prefix_len": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (tokens)"),
+    "chat": (lambda v: isinstance(v, bool), "true or false"),
+    "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "min_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "seed": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "n": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "beam_width": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "stop": (lambda v: v is None or (isinstance(v, str) and bool(v)) or (
+        isinstance(v, list) and all(isinstance(x, str) and x for x in v)), "a non-empty string, a list of them, or null"),
+    "stop_token_ids": (lambda v: v is None or isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v),
+                       "a list of integers >= 0, or null"),
+    "stop_token_at": (lambda v: v is None or _is_int(v) and v >= 0, "an output token index >= 0, or null"),
+    "stop_string_at": (lambda v: v is None or _is_int(v) and v >= 0, "an output token index >= 0, or null"),
+    "logprobs": (lambda v: v is None or _is_int(v) and 0 <= v <= 20, "an integer 0..20, or null"),
+    "stream": (lambda v: isinstance(v, bool), "true or false"),
+    "client_action": (lambda v: isinstance(v, str) and v.partition(":")[0] in ACTION_KINDS,
+                      "one of " + ", ".join(ACTION_KINDS) + " (abort-after-tokens and disconnect-stream take :k "
+                      "tokens, client-timeout :seconds)"),
+    "request_id": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "client_tag": (lambda v: v is None or isinstance(v, str), "a string or null"),
+}
+TRACE_KEYS = tuple(TRACE_SCHEMA)
+
+
+def _check_fields(row: dict) -> None:
+    """Raise ValueError naming the first field whose value the schema does not allow."""
+    for key, value in row.items():
+        rule = TRACE_SCHEMA.get(key)
+        if rule is not None and not rule[0](value):
+            raise ValueError(f"field {key} must be {rule[1]}, got {json.dumps(value)}")
 
 
 def shared_prefix(prefix_id: str, num_tokens: int) -> str:
@@ -174,77 +257,51 @@ def shared_prefix(prefix_id: str, num_tokens: int) -> str:
     return synthetic_prompt(random.Random(f"prefix:{prefix_id}"), num_tokens)
 
 
-def _str_list(value, key: str) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(x, str) and x for x in items):
-        raise ValueError(f"{key} must be a non-empty string or a list of them, got {value!r}")
-    return tuple(items)
-
-
-def _int_list(value, key: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
-                                              for x in value):
-        raise ValueError(f"{key} must be a list of non-negative integers, got {value!r}")
-    return tuple(value)
-
-
-def _opt_index(row: dict, key: str) -> int | None:
-    if row.get(key) is None:
-        return None
-    k = row[key]
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"{key} must be an output token index >= 0, got {k!r}")
-    return k
-
-
 def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float, abort_mode: str,
                    prefix: str) -> RequestSpec:
-    if not isinstance(row, dict):
-        raise TypeError("each line must be a JSON object")
-    unknown = sorted(set(row) - set(TRACE_KEYS))
-    if unknown:
-        raise KeyError(f"unknown key {unknown[0]!r}; allowed keys: {', '.join(TRACE_KEYS)}")
+    _check_fields(row)
     if "prompt" in row:
-        prompt = str(row["prompt"])
+        prompt = row["prompt"]
         prompt_len = len(prompt.split())
     elif "prompt_len" in row:
-        prompt_len = int(row["prompt_len"])
+        prompt_len = row["prompt_len"]
         prompt = synthetic_prompt(rng, prompt_len)
     else:
-        raise KeyError("'prompt' or 'prompt_len' is required")
+        raise ValueError("no prompt: give field prompt (a non-empty string) or prompt_len (an integer >= 1 tokens)")
     if row.get("prefix_id") is not None:
-        plen = int(row.get("prefix_len", 48))
-        if plen < 1:
-            raise ValueError(f"prefix_len must be >= 1 tokens, got {plen}")
-        prompt = shared_prefix(str(row["prefix_id"]), plen) + " " + prompt
+        plen = row.get("prefix_len", 48)
+        prompt = shared_prefix(row["prefix_id"], plen) + " " + prompt
         prompt_len += plen
     elif "prefix_len" in row:
-        raise ValueError("prefix_len needs prefix_id (the name of the shared prefix)")
-    max_tokens = int(row.get("max_tokens", 16))
-    if max_tokens < 1 or not prompt.strip():
-        raise ValueError("max_tokens must be >= 1 and the prompt non-empty")
-    arrival = float(row.get("arrival_s", 0.0))
-    if arrival < 0:
-        raise ValueError("arrival_s must be >= 0")
+        raise ValueError("field prefix_len needs field prefix_id (the name of the shared prefix)")
+    max_tokens = row.get("max_tokens", 16)
     if "client_action" in row:
-        action = ClientAction.parse(str(row["client_action"]))
+        try:
+            action = ClientAction.parse(row["client_action"])
+        except ValueError:
+            raise ValueError(f"field client_action must be {TRACE_SCHEMA['client_action'][1]}, got "
+                             f"{json.dumps(row['client_action'])}") from None
     else:
         action = plan_action(rng, abort_rate, abort_mode, max_tokens)
-    if "stream" in row and bool(row["stream"]) != action.streams:
-        raise ValueError(f"stream={row['stream']} contradicts client_action {action.kind!r}")
-    spec = RequestSpec(str(row.get("request_id", f"{prefix}-{index:05d}")), arrival, prompt, prompt_len, max_tokens,
-                       action, temperature=float(row.get("temperature", 0.0)), top_p=float(row.get("top_p", 1.0)),
-                       seed=row.get("seed"), ignore_eos=bool(row.get("ignore_eos", True)),
-                       client_tag=row.get("client_tag"), n=int(row.get("n", 1)),
-                       stop=_str_list(row["stop"], "stop") if row.get("stop") is not None else (),
-                       stop_token_ids=_int_list(row.get("stop_token_ids") or [], "stop_token_ids"),
-                       min_tokens=int(row.get("min_tokens", 0)), logprobs=row.get("logprobs"),
-                       beam_width=int(row.get("beam_width", 1)), chat=bool(row.get("chat", False)),
-                       stop_token_at=_opt_index(row, "stop_token_at"), stop_string_at=_opt_index(row, "stop_string_at"))
-    spec.sampling_params()  # validates every sampling field (the message names the field)
+    if "stream" in row and row["stream"] != action.streams:
+        raise ValueError(f"field stream is {json.dumps(row['stream'])}, which contradicts client_action "
+                         f"{action.kind} (client-timeout is the one non-streaming action)")
+    spec = RequestSpec(row.get("request_id", f"{prefix}-{index:05d}"), float(row.get("arrival_s", 0.0)), prompt,
+                       prompt_len, max_tokens, action, temperature=float(row.get("temperature", 0.0)),
+                       top_p=float(row.get("top_p", 1.0)), seed=row.get("seed"), ignore_eos=row.get("ignore_eos", True),
+                       client_tag=row.get("client_tag"), n=row.get("n", 1),
+                       stop=_str_list(row["stop"]) if row.get("stop") is not None else (),
+                       stop_token_ids=tuple(row.get("stop_token_ids") or ()), min_tokens=row.get("min_tokens", 0),
+                       logprobs=row.get("logprobs"), beam_width=row.get("beam_width", 1), chat=row.get("chat", False),
+                       stop_token_at=row.get("stop_token_at"), stop_string_at=row.get("stop_string_at"))
+    spec.sampling_params()  # validates the fields together (the message names the field)
     if (spec.stop_token_at is not None or spec.stop_string_at is not None) and spec.temperature != 0:
-        raise ValueError("stop_token_at / stop_string_at need temperature 0 (they are found by a greedy run)")
+        raise ValueError("fields stop_token_at / stop_string_at need temperature 0 (they are found by a greedy run)")
     return spec
+
+
+def _str_list(value) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def sharegpt_workload(path: Path, num_requests: int, *, count_tokens: Callable[[str], int] | None = None,

@@ -93,7 +93,7 @@ def lines(z: dict | None) -> list[str]:
     d = z["distribution"]
     if not d["n"] and z.get("gauge_lag_s") is None:
         return ["zombie requests: no aborted request to measure"]
-    out = [f"client left -> blocks released, {d['n']} aborted requests: p50 {_ms(d['p50_s'])}, p90 {_ms(d['p90_s'])}, "
+    out = [f"client left -> blocks released, {d['n']} aborted request{'' if d['n'] == 1 else 's'}: p50 {_ms(d['p50_s'])}, p90 {_ms(d['p90_s'])}, "
            f"max {_ms(d['max_s'])} (max {d['max_steps']} engine steps); tokens generated after the client left: "
            f"{d['tokens_after_leaving_total']} in all, max {d['max_tokens_after_leaving']} per request "
            f"(a request is a ZOMBIE when its blocks outlive its client by more than {z['threshold_steps']} engine "

@@ -44,13 +44,14 @@ if TYPE_CHECKING:
     from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
     from vlite.engine.core_client import EngineCoreStartError, MPAsyncLLMEngine
     from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
-    from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config
+    from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config, derive_max_model_len
 
 # Public name -> the module that defines it, imported on first access (these load torch).
 _LAZY = {
     "LLMEngine": "vlite.engine.llm_engine",
     "RequestRejectedError": "vlite.engine.llm_engine",
     "check_engine_config": "vlite.engine.llm_engine",
+    "derive_max_model_len": "vlite.engine.llm_engine",
     "AsyncLLMEngine": "vlite.engine.async_engine",
     "EngineNotRunningError": "vlite.engine.async_engine",
     "EngineRequest": "vlite.engine.async_engine",
@@ -123,6 +124,7 @@ __all__ = [
     "SchedulerConfig",
     "SequenceStatus",
     "check_engine_config",
+    "derive_max_model_len",
     "StructuredOutputsParams",
     "load_checkpoint",
     "resolve_model",

@@ -21,6 +21,7 @@ from vlite.engine.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from vlite.engine.faults import FAULTS
 
 
 def _cli(*flags: str, help: str) -> dict:  # noqa: A002 (the keyword is click's)
@@ -72,7 +73,8 @@ class EngineArgs:
         help=f"How tensor-parallel workers run: {' or '.join(DISTRIBUTED_EXECUTOR_BACKENDS)} "
              "(mp: worker processes on this host; ray: Ray actors)."))
     inject_faults: tuple[str, ...] = field(default=(), metadata=_cli(
-        "--inject-fault", help="Plant a known defect (repeatable; for leak-check self-tests)."))
+        "--inject-fault", help="Plant a known defect (repeatable; for leak-check self-tests): "
+                               f"{', '.join(FAULTS)}."))
     # Not command-line options of every command:
     enable_ledger: bool = True  # ``vlite bench throughput --disable-ledger`` turns it off
     cpu_gemm: str | None = None  # None: the VLITE_CPU_GEMM environment variable, else auto

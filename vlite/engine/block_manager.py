@@ -20,6 +20,7 @@ needed; it is counted in ``num_cached_blocks``, not in ``num_free_blocks`` nor i
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
@@ -91,7 +92,11 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class LedgerAnomaly:
-    """A free the block manager could not account for (e.g. ref_count went below 0)."""
+    """A free the block manager could not account for (e.g. ref_count went below 0).
+
+    ``release_sites``: for a double free, the releases of this block that the history holds,
+    the earlier one first ("Scheduler.finish_sequence -> BlockManager.free: seq 12 (req-3),
+    finished/stop, step 40"), so the report names both code paths."""
 
     kind: str
     block_id: int
@@ -99,6 +104,7 @@ class LedgerAnomaly:
     request_id: str
     step: int
     time: float
+    release_sites: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
@@ -124,6 +130,37 @@ class ReleaseRecord:
     ref_count_after: int
     step: int
     time: float
+    code_path: str = ""  # the two frames that released it, e.g. "Scheduler.finish_sequence -> BlockManager.free"
+
+    def describe(self) -> str:
+        """One line naming the release: code path, sequence, its state, step."""
+        state = self.seq_status + (f"/{self.finish_reason}" if self.finish_reason else "")
+        return f"{self.code_path or self.path}: seq {self.seq_id} ({self.request_id}), {state}, step {self.step}"
+
+
+@dataclass(frozen=True)
+class FreeRecord:
+    """One call of ``BlockManager.free`` (the one free path): which sequence, how many block
+    references it dropped, who called it (``code_path``), the sequence's state then, and when
+    (engine step). Kept in the ledger's bounded ``frees`` history so a leak report can say
+    "no release recorded" from evidence rather than guess."""
+
+    seq_id: int
+    request_id: str
+    num_released: int
+    code_path: str
+    seq_status: str
+    finish_reason: str | None
+    step: int
+
+
+def _code_path(depth: int) -> str:
+    """``"Caller.method -> Callee.method"`` for the two frames ``depth`` levels up (cheap: no
+    traceback objects; only taken while the ledger is on)."""
+    frame = sys._getframe(depth)
+    outer = frame.f_back
+    inner = frame.f_code.co_qualname
+    return f"{outer.f_code.co_qualname} -> {inner}" if outer is not None else inner
 
 
 # Released ledger entries kept for attribution of blocks the ledger no longer names (a bounded,
@@ -140,6 +177,7 @@ class BlockLedger:
         self._held: dict[tuple[int, int], LedgerEntry] = {}
         self._anomalies: list[LedgerAnomaly] = []
         self.released: deque[ReleaseRecord] = deque(maxlen=release_history)
+        self.frees: deque[FreeRecord] = deque(maxlen=release_history)  # calls of the free path
 
     def record(self, entry: LedgerEntry) -> None:
         if self.enabled:
@@ -425,6 +463,11 @@ class BlockManager:
         no table and frees nothing). Returns the number of block references dropped.
         """
         self._num_hashed.pop(seq.seq_id, None)
+        if self.ledger.enabled:
+            self.ledger.frees.append(FreeRecord(seq.seq_id, seq.request_id, len(self.block_tables.get(seq.seq_id, ())),
+                                                _code_path(2), seq.status.value,
+                                                seq.finish_reason.value if seq.finish_reason else None,
+                                                self.current_step))
         if self.faults.active("orphan-block-table"):
             table = self.block_tables.get(seq.seq_id, [])
             if not table:
@@ -451,11 +494,12 @@ class BlockManager:
             self.ledger.record_release(ReleaseRecord(
                 block_id, seq.seq_id, seq.request_id, entry, path, seq.status.value,
                 seq.finish_reason.value if seq.finish_reason else None, seq.num_preemptions, block.ref_count,
-                self.current_step, time.time()))
+                self.current_step, time.time(), _code_path(2)))
         if block.ref_count == 0:
             self.free_block_queue.append(block_id)
             if block.block_hash is not None:
                 self._num_evictable += 1
         elif block.ref_count < 0:
+            sites = tuple(r.describe() for r in self.ledger.released if r.block_id == block_id)[-2:]
             self.ledger.record_anomaly(LedgerAnomaly("double free", block_id, seq.seq_id, seq.request_id,
-                                                     self.current_step, time.time()))
+                                                     self.current_step, time.time(), sites))

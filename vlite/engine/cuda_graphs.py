@@ -14,8 +14,10 @@ A graph replays fixed addresses with fixed launch sizes, so every step copies it
 static buffers, and the decode kernel's partition count is fixed at capture from
 max_model_len (``paged_decode``'s ``max_seq_len``), which serves every shorter context.
 
-The bucket and padding logic is plain torch and is tested on CPU; capture and replay need
-CUDA and, at the time of writing, have not yet run on a GPU (see docs/kernels.md).
+The bucket and padding logic is plain torch and is tested on CPU, and so is the condition for
+capture: no op of a step syncs with the host (``tests/engine/test_capture_safety.py``). Capture
+and replay themselves need CUDA and, at the time of writing (2026-12-04), have not run on a GPU
+since that condition was met (see docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Bounded, documented histories (allowed to be non-empty at idle, never above thei
 ``engine.records`` (the ``RequestRecord`` of every live sequence plus the finished history)
 and ``engine.finished_order`` (``Scheduler.finished_records``: ``EngineConfig.finished_history``
 finished sequences, kept for attribution), ``ledger.released`` (``RELEASE_HISTORY`` released block
-references), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
+references), ``ledger.frees`` (as many calls of the free path), and ``prefix_cache.index`` (one entry per cached block: at idle it must equal
 ``num_cached_blocks``).
 """
 
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.block_manager import LedgerAnomaly, ReleaseRecord
+from vlite.engine.block_manager import FreeRecord, LedgerAnomaly, ReleaseRecord
 from vlite.engine.census import CensusResult, module_roots, request_census
 from vlite.engine.metrics import EngineStats
 from vlite.engine.request import RequestRecord
@@ -66,6 +66,7 @@ HISTORIES: dict[str, str] = {
     "engine.records": "request records of live and recently finished sequences (attribution)",
     "engine.finished_order": "recently finished sequences, oldest first (bounded by finished_history)",
     "ledger.released": "released block references (bounded release history)",
+    "ledger.frees": "calls of the free path (bounded, as the release history)",
     "prefix_cache.index": "prefix-cache hash index (one entry per cached block)",
 }
 
@@ -222,6 +223,7 @@ class EngineView:
         return {"engine.records": HistorySize(num_records, keep + live),
                 "engine.finished_order": HistorySize(len(sched.finished_records), keep),
                 "ledger.released": HistorySize(len(bm.ledger.released), bm.ledger.released.maxlen or 0),
+                "ledger.frees": HistorySize(len(bm.ledger.frees), bm.ledger.frees.maxlen or 0),
                 "prefix_cache.index": HistorySize(len(bm.cached_blocks), bm.num_total_blocks)}
 
     def coverage(self) -> Coverage:
@@ -239,6 +241,10 @@ class EngineView:
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
                               e.scheduler.block_manager.num_cached_blocks, e.config.finished_history)
+
+    def frees(self) -> tuple[FreeRecord, ...]:
+        """The bounded history of calls of the free path (``BlockManager.free``), oldest first."""
+        return tuple(self._engine.scheduler.block_manager.ledger.frees)
 
     def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
         """The release history (oldest first), or only the records of ``block_ids``."""
@@ -297,7 +303,9 @@ class EngineView:
             roots["async_engine"] = self._async
         roots.update(extra_roots or {})
         roots.update(module_roots())
-        return request_census(roots, ended_request_ids, skip=[sched.finished_records, bm.ledger.released, bm.cached_blocks],
+        return request_census(roots, ended_request_ids,
+                              skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
+                                    bm.ledger._anomalies],  # anomalies are reported as such
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:

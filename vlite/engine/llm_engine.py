@@ -22,6 +22,7 @@ from vlite.engine.config import EngineConfig
 from vlite.engine.executor import Executor, WorkerFailedError, create_executor
 from vlite.engine.faults import FaultSet
 from vlite.engine.introspection import EngineView, LedgerRecord
+from vlite.engine.kv_cache_fit import check_kv_cache_fits
 from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
 from vlite.engine.logits_processors import build_logits_processor
 from vlite.engine.metrics import EngineStats
@@ -68,26 +69,38 @@ def resolve_device(config: EngineConfig) -> torch.device:
     return device
 
 
-def check_engine_config(config: EngineConfig) -> None:
+def check_engine_config(config: EngineConfig) -> LoadedCheckpoint:
     """The checks of ``LLMEngine`` that need torch or the model's config but not its weights,
-    for a server to run before it binds its port: the device and dtype, whether
-    ``tensor_parallel_size`` can split the model, and whether ``max_model_len`` fits the model.
+    for a command to run before the model loads (a server: before it binds its port): the
+    device and dtype, whether ``tensor_parallel_size`` can split the model, whether
+    ``max_model_len`` fits the model, and whether ``--num-blocks`` / ``--kv-cache-memory-bytes``
+    fit in memory (``vlite.engine.kv_cache_fit``).
+
+    Returns:
+        the checkpoint without its weights (config and tokenizer), for prompt checks.
 
     Raises:
         ValueError: one line saying what is wrong and what is allowed.
         ModelNotFoundError: the model cannot be found locally.
     """
-    resolve_device(config)
+    from vlite.engine.kv_cache_fit import check_kv_cache_fits, estimate_weight_bytes, kv_bytes_per_block
+
+    device = resolve_device(config)
     tp = config.parallel.tensor_parallel_size
-    if tp == 1 and config.scheduler.max_model_len is None:
-        return  # nothing left that needs the model's config
-    hf = load_checkpoint(config.model, weights=False).config
+    ckpt = load_checkpoint(config.model, weights=False)
+    hf = ckpt.config
     derive_max_model_len(hf, config.scheduler.max_model_len)
     if tp > 1:
         from vlite.engine.models.parallel_layers import check_tp_size
 
         num_kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         check_tp_size(tp, hf.num_attention_heads, num_kv, hf.intermediate_size)
+    cache = config.cache
+    check_kv_cache_fits(num_blocks=cache.num_blocks, kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+                        bytes_per_block=kv_bytes_per_block(hf, cache.block_size, config.dtype, tp),
+                        block_size=cache.block_size, device_type=device.type,
+                        weights_to_load=estimate_weight_bytes(hf, config.dtype))
+    return ckpt
 
 
 def derive_max_model_len(hf_config, asked: int | None) -> int:
@@ -103,8 +116,8 @@ def derive_max_model_len(hf_config, asked: int | None) -> int:
     if window and getattr(hf_config, "use_sliding_window", True):
         limit = min(limit, int(window))
     if asked is not None and asked > limit:
-        raise ValueError(f"max_model_len {asked} exceeds the model's limit of {limit} tokens "
-                         f"(max_position_embeddings or sliding_window in its config)")
+        raise ValueError(f"--max-model-len {asked} exceeds the model's limit of {limit} tokens "
+                         f"(max_position_embeddings or sliding_window in its config); the largest that fits is {limit}")
     return asked or limit
 
 
@@ -152,6 +165,10 @@ class LLMEngine:
             self.block_size = cache.block_size
             # bytes one block takes on all ranks together
             self.bytes_per_block = self.executor.kv_cache_bytes_per_block(cache.block_size)
+            # before allocating: a KV cache larger than the memory there is is one line naming the option
+            check_kv_cache_fits(num_blocks=cache.num_blocks, kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
+                                bytes_per_block=self.bytes_per_block, block_size=cache.block_size,
+                                device_type=self.device.type)
             num_blocks = self.executor.determine_num_blocks(cache, config.scheduler.max_num_batched_tokens)
             self.executor.initialize_kv_cache(num_blocks, cache.block_size,
                                               max_num_seqs=config.scheduler.max_num_seqs,
@@ -307,11 +324,13 @@ class LLMEngine:
 
     # ---- offline batch -------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams]
-                 | None = None, *, show_progress: bool = False) -> list[RequestOutput]:
+                 | None = None, *, show_progress: bool = False, stop=None) -> list[RequestOutput]:
         """Run a batch to completion with continuous batching; outputs in prompt order.
 
         ``prompts`` are strings or lists of token ids. Raises RequestRejectedError before
-        anything runs if any prompt is invalid (nothing queued stays behind).
+        anything runs if any prompt is invalid (nothing queued stays behind). ``stop`` (a
+        ``threading.Event``, set by a Ctrl-C in ``vlite bench``): once set, the requests not
+        finished are aborted (their blocks freed) and stand as None in the returned list.
         """
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
@@ -339,6 +358,11 @@ class LLMEngine:
             while self.has_unfinished_requests():
                 if self.dead_error is not None:
                     raise EngineDeadError(f"the engine is dead: {self.dead_error}")
+                if stop is not None and stop.is_set():
+                    for rid in ids:
+                        if rid not in final:
+                            self.abort(rid)
+                    return [final.get(rid) for rid in ids]
                 for out in self.step():
                     if out.finished:
                         final[out.request_id] = out

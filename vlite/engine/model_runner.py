@@ -21,6 +21,7 @@ a ``ModelRunner`` over its shard of the model (``vlite/engine/worker.py``) and g
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.models.llama import LlamaForCausalLM
 from vlite.engine.models.parallel_layers import TPGroup
 from vlite.engine.prompt_logprobs import PromptLogprobsRows, compute_prompt_logprobs, plan_prompt_logprobs
-from vlite.engine.sampler import SamplerOutput, sample
+from vlite.engine.sampler import SamplerOutput, argmax_on_device, plain_greedy, sample
 from vlite.engine.sampling_params import SamplingParams
 from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
 from vlite.engine.sequence import RequestOrigin, Sequence
@@ -142,6 +143,21 @@ def sample_step(sched: SchedulerOutput, logits: torch.Tensor | None, prompt_logp
     return StepResult(sampled, sample(logits, sampled, generator), raw, prompt_logprobs)
 
 
+def step_tensors(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """The step's int64 inputs as tensors on ``device``, moved in one copy: the lists are packed
+    into one host tensor, pinned and sent with one non-blocking host-to-device copy on CUDA (the
+    host does not wait for it; kernels queued after it on the stream see the data), and left as
+    they are on CPU. Returns one 1-D int64 view per list, in order, each of that list's length.
+    """
+    sizes = [len(p) for p in parts]
+    flat = torch.tensor(list(itertools.chain.from_iterable(parts)), dtype=torch.long)
+    if device.type != "cpu":
+        if device.type == "cuda":
+            flat = flat.pin_memory()  # the caching host allocator keeps it until the copy is done
+        flat = flat.to(device, non_blocking=True)
+    return list(flat.split(sizes))
+
+
 def kv_cache_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one physical block takes across all layers' K and V."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -228,6 +244,9 @@ class ModelRunner:
         self.block_size = 0
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.cuda_graphs = None  # decode CUDA graphs (vlite/engine/cuda_graphs.py), on CUDA only
+        # plain greedy steps take their argmax where the logits are (``execute``): on a GPU the
+        # [N, vocab] float32 logits (196 KB a row for SmolLM2's vocabulary) then never cross to the host
+        self.greedy_on_device = device.type != "cpu"
         self.generator = torch.Generator().manual_seed(seed)
 
     # ---- set-up --------------------------------------------------------------------------
@@ -292,6 +311,10 @@ class ModelRunner:
         which read this cache."""
         self._allocate_kv_caches(num_blocks, block_size)
         if self.device.type == "cuda" and not enforce_eager:
+            if default_attention_backend() == "torch":
+                # the torch reference plans each step on the host (sizes, masks): nothing to capture
+                logger.info("CUDA graphs off: VLITE_ATTENTION_BACKEND=torch runs every step eagerly")
+                return
             from vlite.engine.cuda_graphs import capture_decode_graphs
 
             self.cuda_graphs = capture_decode_graphs(self.model, self.kv_caches, block_size, max_num_seqs,
@@ -303,30 +326,26 @@ class ModelRunner:
         return self.build_metadata(prepare_input(sched, block_tables, self.block_size, self.faults))
 
     def build_metadata(self, step: StepInput):
-        """A ``StepInput`` as tensors on this runner's device.
-        Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
+        """A ``StepInput`` as tensors on this runner's device, sent in one host-to-device copy
+        (``step_tensors``). Returns (input_ids, positions, AttentionMetadata, logits_indices)."""
         tables = step.block_tables
         max_blocks = max(len(t) for t in tables)
-        table_tensor = torch.zeros((len(tables), max_blocks), dtype=torch.long)
-        for i, t in enumerate(tables):
-            table_tensor[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        qsl = [0]
-        for q in step.query_lens:
-            qsl.append(qsl[-1] + q)
-        dev = self.device
+        qsl = list(itertools.accumulate(step.query_lens, initial=0))
+        flat_tables = [b for t in tables for b in itertools.chain(t, itertools.repeat(0, max_blocks - len(t)))]
+        input_ids, positions, slots, query_start_loc, seq_lens, logits_indices, table_flat = step_tensors(
+            [step.input_ids, step.positions, step.slot_mapping, qsl, step.seq_lens, step.logits_indices, flat_tables],
+            self.device)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(step.slot_mapping, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
-            seq_lens=torch.tensor(step.seq_lens, dtype=torch.long, device=dev),
-            block_tables=table_tensor.to(dev),
+            slot_mapping=slots,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=table_flat.view(len(tables), max_blocks),  # padded with block 0
             num_decodes=step.num_decodes,
             query_lens=step.query_lens,
             seq_lens_list=step.seq_lens,
             block_size=self.block_size,
         )
-        return (torch.tensor(step.input_ids, dtype=torch.long, device=dev),
-                torch.tensor(step.positions, dtype=torch.long, device=dev), meta,
-                torch.tensor(step.logits_indices, dtype=torch.long, device=dev))
+        return input_ids, positions, meta, logits_indices
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -346,6 +365,12 @@ class ModelRunner:
         forward's collectives pair up across ranks."""
         if step.blocks_to_copy:
             self.copy_blocks(step.blocks_to_copy)
+        logits, prompt_logprobs = self.compute_logits(step)
+        return None if logits is None else logits.cpu(), prompt_logprobs
+
+    def compute_logits(self, step: StepInput) -> tuple[torch.Tensor | None, dict[int, tuple[int, list]]]:
+        """``execute_model`` without its copy-on-write and the final move: the logits stay on
+        this runner's device. Call inside ``torch.inference_mode``."""
         if not step.input_ids:
             return None, {}
         input_ids, positions, meta, logits_indices = self.build_metadata(step)
@@ -356,8 +381,7 @@ class ModelRunner:
         prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked
         if not step.logits_indices:
             return None, prompt_logprobs
-        logits = self.model.compute_logits(hidden[logits_indices])
-        return None if logits is None else logits.cpu(), prompt_logprobs
+        return self.model.compute_logits(hidden[logits_indices]), prompt_logprobs
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
@@ -371,8 +395,13 @@ class ModelRunner:
         if sched.blocks_to_copy:
             self.copy_blocks(sched.blocks_to_copy)
         step = prepare_input(sched, sched.block_tables, self.block_size, self.faults)
-        return sample_step(sched, *self.execute_model(step), self.generator)
+        logits, prompt_logprobs = self.compute_logits(step)
+        if logits is not None and self.greedy_on_device and not sched.keep_logits:
+            sampled = [item.seq for item in sched.scheduled if item.sample]
+            if plain_greedy(sampled):  # argmax where the logits are: N ids cross, not N x vocab floats
+                return StepResult(sampled, argmax_on_device(logits), None, prompt_logprobs)
+        return sample_step(sched, None if logits is None else logits.cpu(), prompt_logprobs, self.generator)
 
 
 __all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "kv_cache_bytes_per_block",
-           "prepare_input", "sample_step"]
+           "prepare_input", "sample_step", "step_tensors"]

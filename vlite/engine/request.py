@@ -34,6 +34,11 @@ class RequestRecord:
     num_preemptions: int = 0
     finished_time: float | None = None
     error: str | None = None
+    # Recorded by the finish path (evidence for the leak report, not a guess): how it ended
+    # ("stop:stop_string", "stop:beam_pruned", "length", "abort in decode", "error", ...), and
+    # the exception that cut its release short, if one did.
+    finish_path: str | None = None
+    release_error: str | None = None
 
 
 @dataclass(eq=False)

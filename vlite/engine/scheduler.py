@@ -401,6 +401,7 @@ class Scheduler:
         """
         if seq.status is SequenceStatus.FINISHED:
             return
+        path = f"abort in {_abort_state(seq)}" if reason is FinishReason.ABORT else None
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         else:
@@ -422,22 +423,30 @@ class Scheduler:
             req.live.remove(seq)
             if not req.live:
                 del self.requests[seq.request_id]
+        except BaseException as exc:
+            if rec is not None:
+                rec.release_error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
-            self.record_finish(seq, kind, rec)
+            self.record_finish(seq, kind, rec, path)
 
     def _record_of(self, seq: Sequence) -> RequestRecord | None:
         req = self.requests.get(seq.request_id)
         rec = req.records.get(seq.seq_id) if req is not None else None
         return rec if rec is not None else self.finished_records.get(seq.seq_id)
 
-    def record_finish(self, seq: Sequence, kind: str | None = None, rec: RequestRecord | None = None) -> None:
+    def record_finish(self, seq: Sequence, kind: str | None = None, rec: RequestRecord | None = None,
+                      path: str | None = None) -> None:
         """Copy ``seq``'s final state into its record, count the finish once, and keep the
-        record in the bounded finished history (``finished_history`` sequences)."""
+        record in the bounded finished history (``finished_history`` sequences). ``path``
+        names the finish path taken when it is more than the kind ("abort in decode")."""
         rec = rec or self._record_of(seq)
         if rec is None:
             return
         if rec.finish_reason is None and seq.finish_reason is not None:
             self.finish_counts[kind or _finish_kind(seq)] += 1
+        if seq.finish_reason is not None and rec.finish_path is None:
+            rec.finish_path = path or kind or _finish_kind(seq)
         rec.status = seq.status.value
         rec.finish_reason = seq.finish_reason.value if seq.finish_reason else None
         rec.num_output_tokens = seq.num_output_tokens

@@ -13,8 +13,15 @@ Two implementations with one interface:
     ``tests/kernels/test_cpu_fused_ops.py``).
 
 ``ops_for(x)`` picks one per step: ``CppOps`` for float32/bfloat16 CPU tensors whose sizes it
-takes (hidden and intermediate sizes multiples of 16, an even head_dim), when the extension is built and
-``VLITE_FUSED_OPS`` is not ``torch``.
+takes (hidden and intermediate sizes multiples of 16, an even head_dim), when the extension is built,
+``VLITE_FUSED_OPS`` is not ``torch`` and ``VLITE_ATTENTION_BACKEND`` is ``auto``.
+
+The KV store follows the attention backend, not the device: ``TorchOps.rotary_store`` writes the
+cache through ``attention.store_kvcache`` (the Triton kernel on CUDA, or on CPU tensors with
+``VLITE_ATTENTION_BACKEND=triton`` under ``TRITON_INTERPRET=1``; the torch reference otherwise),
+and ``CppOps`` (whose store is C++) is only picked on the default CPU path. So a CPU run with the
+Triton backend calls the same ops as a CUDA run, and none of them syncs with the host: what a
+CUDA graph captures (``tests/engine/test_capture_safety.py``).
 
 Shapes: T tokens; H hidden size; I intermediate size; Hq/Hkv query/KV heads of head_dim D.
 """
@@ -25,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vlite.env import env_choice
-from vlite.kernels.torch_ref import store_kvcache
+from vlite.kernels import attention
 
 FUSED_OPS_CHOICES = ("auto", "torch")
 
@@ -70,16 +77,16 @@ class TorchOps:
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
                      num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotary on the q and k heads of qkv [T, (Hq + 2 Hkv) D], then k and v written into
-        their slots of the paged caches ([blocks, block_size, Hkv, D]; slot -1 = skip).
-        cos, sin_signed: [T, D] in qkv's dtype (see ``rotate``). Returns q [T, Hq, D],
-        k [T, Hkv, D], v [T, Hkv, D]."""
+        their slots of the paged caches ([blocks, block_size, Hkv, D]; slot -1 = skip) by
+        ``attention.store_kvcache`` (the attention backend's store). cos, sin_signed: [T, D] in
+        qkv's dtype (see ``rotate``). Returns q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]."""
         t, head_dim = qkv.shape[0], k_cache.shape[-1]
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         # q and k heads side by side get their rotary in one pass: [T, Hq + Hkv, D]
         qk = rotate(qkv[:, :q_size + kv_size].view(t, -1, head_dim), cos[:, None], sin_signed[:, None])
         q, k = qk.split([num_heads, num_kv_heads], dim=1)
         v = qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim)
-        store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+        attention.store_kvcache(k, v, k_cache, v_cache, slot_mapping)
         return q, k, v
 
 
@@ -133,7 +140,8 @@ def cpp_takes(x: torch.Tensor, hidden_size: int, head_dim: int, intermediate_siz
 def ops_for(x: torch.Tensor, hidden_size: int, head_dim: int, intermediate_size: int) -> TorchOps | CppOps:
     """The implementation for a step whose hidden states are x (see the module docstring).
     intermediate_size: this rank's share (the MLP's SiLU-and-mul width)."""
-    if default_choice() == "auto" and cpp_takes(x, hidden_size, head_dim, intermediate_size):
+    if (default_choice() == "auto" and attention.default_backend() == "auto"
+            and cpp_takes(x, hidden_size, head_dim, intermediate_size)):
         from vlite.kernels import cpu_extension
 
         module = cpu_extension.load()
