@@ -50,10 +50,14 @@ def run_watch_cli(url: str, console: Console, report: Path | None, *, server_kin
     conn = connect_or_fail(url, server_kind, api_key)
     until = f"for {duration_s:g} s" if duration_s else "until Ctrl-C"
     console.print(f"leak-check --watch: {conn.adapter.kind} at {conn.base}, scraping every {interval_s:g} s {until}; "
-                  "no request is sent", highlight=False)
-    res = watch(conn, interval_s=interval_s, duration_s=duration_s, stuck_after_s=stuck_after_s, report=report,
-                on_line=_print_line(console), server_pid=server_pid)
-    return _finish(res, console, report)
+                  "no request is sent; Ctrl-C stops and writes the report", highlight=False)
+    from vlite.cli.interrupt import graceful_interrupt
+
+    # The first Ctrl-C ends the watch and writes the report; a second exits at once (130).
+    with graceful_interrupt("the watch") as stop:
+        res = watch(conn, interval_s=interval_s, duration_s=duration_s, stuck_after_s=stuck_after_s, report=report,
+                    on_line=_print_line(console), server_pid=server_pid, stop=stop)
+        return _finish(res, console, report)
 
 
 def run_prometheus_cli(prometheus: str, job: str | None, since: str, console: Console, report: Path | None, *,

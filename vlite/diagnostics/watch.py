@@ -361,12 +361,15 @@ def local_memory(url: str, server_pid: int | None = None):
 
 def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
           report: Path | None = None, on_line: Callable[[str], None] = print, server_pid: int | None = None,
-          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
-          info: dict | None = None) -> WatchResult:
+          sleep: Callable[[float], None] | None = None, clock: Callable[[], float] = time.time,
+          info: dict | None = None, stop=None) -> WatchResult:
     """Scrape ``conn`` (a ``blackbox.Connection``) every ``interval_s`` until ``duration_s`` (None:
     until KeyboardInterrupt, Ctrl-C), judging as it goes; sends no request but ``GET /metrics``
     (and the adapter's JSON pages). The report in ``report`` is rewritten at each idle point and at
-    the end. A scrape that fails is counted and skipped."""
+    the end. A scrape that fails is counted and skipped. ``stop``: a ``threading.Event`` (the CLI's
+    first Ctrl-C, ``vlite.cli.interrupt``) that ends the watch like KeyboardInterrupt does."""
+    if sleep is None:
+        sleep = stop.wait if stop is not None else time.sleep
     mem_read, pid = local_memory(conn.base, server_pid)
     facts = {"mode": "watch", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
              "interval_s": interval_s, "duration_s": duration_s, "stuck_after_s": stuck_after_s, **(info or {})}
@@ -387,6 +390,9 @@ def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stu
         w.on_idle = lambda _w: write_watch_report(current(), report)
     try:
         while duration_s is None or clock() - start < duration_s:
+            if stop is not None and stop.is_set():
+                facts["stopped_by"] = "Ctrl-C"
+                break
             t = clock()
             try:
                 r = conn.state()

@@ -83,6 +83,19 @@ class _Scraper:
         self._stop = True
 
 
+STALE_S = 3.0  # a running gauge above 0 with no token generated for this long is poked once
+
+
+def _frozen(rows: list[_Scrape], left: float, stale_s: float) -> bool:
+    """The running gauge still reads > 0 but the generation-token counter has not moved for
+    ``stale_s`` seconds since the client left (a stale gauge, or a stuck request)."""
+    after = [r for r in rows if r.t >= left]
+    if not after or after[-1].running == 0 or after[-1].gen is None or after[-1].t - left < stale_s:
+        return False
+    recent = [r.gen for r in after if r.t >= after[-1].t - stale_s]
+    return len(set(recent)) == 1
+
+
 def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
     """The per-request numbers from the scrapes (see the module docstring)."""
     after = [r for r in rows if r.t >= left]
@@ -198,6 +211,14 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             return
         timing.update(ttft_s=round(first or 0.0, 4), full_s=round(time.monotonic() - t0, 4))
 
+    async def _poke(client: httpx.AsyncClient) -> str | None:
+        body = {"prompt": "probe", "max_tokens": 1, "temperature": 0.0, **conn.body}
+        try:
+            await client.post(f"{conn.base}/v1/completions", json=body, headers=conn.headers, timeout=60)
+        except httpx.HTTPError as exc:
+            return f"a 1-token probe to refresh a stale running gauge failed: {type(exc).__name__}"
+        return None
+
     async def one(kind: str, i: int, client: httpx.AsyncClient) -> None:
         words, action = ZOMBIE_ACTIONS[kind]
         if kind == "client-timeout" and timing:
@@ -220,11 +241,19 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             left = res.abort_time
             if left is not None:  # follow the server until it is idle again
                 deadline = time.monotonic() + drain_timeout_s
+                poked = False
                 while time.monotonic() < deadline:
                     await asyncio.sleep(scrape_s)
                     tail = scraper.rows[-3:]
                     if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail):
                         break
+                    if not poked and _frozen(scraper.rows, left, STALE_S):
+                        # vLLM refreshes its gauges only when the engine steps: a 1-token request makes
+                        # it step, so a running gauge left stale by an abort reads 0 again
+                        poked = True
+                        row_note = await _poke(client)
+                        if row_note:
+                            notes.append(row_note)
         finally:
             scraper.stop()
             await task
@@ -237,8 +266,8 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             rows.append(row)
             return
         row.update(_measure(scraper.rows, before, left))
-        if row["tokens_after_leaving"] is not None:
-            zombie = row["tokens_after_leaving"] > threshold_tokens
+        if row["tokens_after_leaving"] is not None:  # or it never stopped running (stuck, SGLang#36333)
+            zombie = row["tokens_after_leaving"] > threshold_tokens or row["running_s"] is None
         else:
             zombie = row["running_s"] is None or row["running_s"] > threshold_s
         row["still_running"] = row["running_s"] is None
