@@ -165,7 +165,10 @@ def test_watcher_flags_requests_the_engine_never_counted():
     w.feed(t, _r(running=2, received=0.0))
     t = _idle_then(w, t + 1, _r(finished=3.0, received=5.0, gen=30.0), n=4)
     assert w.alerts[0].flag == "uncounted" and w.alerts[0].idle_point == 2
-    assert w.verdict()[0] == "ZOMBIE" and "2 requests answered over HTTP" in w.alerts[0].message
+    assert "2 requests answered over HTTP" in w.alerts[0].message
+    # an alert, not a verdict: vLLM 0.32 counts no client abort at all
+    verdict, summary = w.verdict()
+    assert verdict == "CLEAN" and "2 requests never counted by the engine" in summary
 
 
 def test_watcher_host_memory_plateau_test_late_half_only():

@@ -16,8 +16,12 @@ them on one pod; a vLLM whose engine core drops aborts). Its blocks come back on
    counter), ``running_s`` (client left -> the running gauge reads 0), and ``abort_counted``
    (abort counter delta: 1 when the server noticed).
 4. A request is a ZOMBIE when the server generated more than ``threshold_tokens`` tokens after
-   its client left, or, on a server with no token counter, when it kept running for more than
-   ``threshold_s``. The client's aborts are compared with the server's abort counter
+   its client left, or kept it running for more than ``threshold_s`` (or past ``drain_timeout_s``).
+   A running gauge that no token moves for ``STALE_S`` is refreshed by one 1-token request (vLLM
+   updates gauges only when the engine steps): if it then reads 0 within a second it was stale,
+   not a zombie. The running gauge matters on vLLM: its generation-token counter is kept by the API
+   server for the requests it still tracks, so a zombie's tokens after its client left are not
+   counted there (measured on vLLM 0.32 with aborts dropped in the engine core). The client's aborts are compared with the server's abort counter
    (``vllm:request_success_total{finished_reason="abort"}``, ``sglang:num_aborted_requests_total``,
    vlite's own; llama.cpp, TGI and trtllm-serve have none: said in the result).
 
@@ -102,7 +106,10 @@ def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
     out = {"running_s": None, "generating_s": 0.0, "tokens_after_leaving": None, "abort_counted": None}
     if not after:
         return out
-    idle_at = next((r.t for r in after if r.running == 0 and r.waiting == 0), None)
+    # the first idle scrape after the last busy one: a request the engine had not yet scheduled
+    # when its client left shows up (waiting, running) after an idle scrape
+    busy = [i for i, r in enumerate(after) if r.running > 0 or r.waiting > 0]
+    idle_at = next((r.t for r in after[(busy[-1] + 1 if busy else 0):] if r.running == 0 and r.waiting == 0), None)
     out["running_s"] = None if idle_at is None else round(max(0.0, idle_at - left), 3)
     last = after[-1]
     if after[0].gen is not None and last.gen is not None:
@@ -241,17 +248,17 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             left = res.abort_time
             if left is not None:  # follow the server until it is idle again
                 deadline = time.monotonic() + drain_timeout_s
-                poked = False
+                poked = None  # when the 1-token probe ended
                 while time.monotonic() < deadline:
                     await asyncio.sleep(scrape_s)
                     tail = scraper.rows[-3:]
                     if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail):
                         break
-                    if not poked and _frozen(scraper.rows, left, STALE_S):
+                    if poked is None and _frozen(scraper.rows, left, STALE_S):
                         # vLLM refreshes its gauges only when the engine steps: a 1-token request makes
                         # it step, so a running gauge left stale by an abort reads 0 again
-                        poked = True
                         row_note = await _poke(client)
+                        poked = time.time()
                         if row_note:
                             notes.append(row_note)
         finally:
@@ -266,10 +273,15 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             rows.append(row)
             return
         row.update(_measure(scraper.rows, before, left))
-        if row["tokens_after_leaving"] is not None:  # or it never stopped running (stuck, SGLang#36333)
-            zombie = row["tokens_after_leaving"] > threshold_tokens or row["running_s"] is None
+        # A gauge that read 0 within a second of the probe was only stale (the probe made the engine
+        # step); one that stays up after it is a request the engine really kept running.
+        stale = poked is not None and row["running_s"] is not None and left + row["running_s"] <= poked + 1.0
+        row["stale_gauge"] = stale
+        ran_on = row["running_s"] is None or (row["running_s"] > threshold_s and not stale)
+        if row["tokens_after_leaving"] is not None:
+            zombie = row["tokens_after_leaving"] > threshold_tokens or ran_on
         else:
-            zombie = row["running_s"] is None or row["running_s"] > threshold_s
+            zombie = ran_on
         row["still_running"] = row["running_s"] is None
         row["zombie"] = zombie
         rows.append(row)
