@@ -13,7 +13,14 @@ import serve_harness
 from serve_harness import ServerProcess, running
 
 from vlite.diagnostics.blackbox import connect
-from vlite.diagnostics.zombie_blackbox import _measure, _Scrape, reproducer, zombie_check_blackbox, zombie_summary
+from vlite.diagnostics.zombie_blackbox import (
+    _measure,
+    _Scrape,
+    judge,
+    reproducer,
+    zombie_check_blackbox,
+    zombie_summary,
+)
 
 ZOMBIE_SERVE = str(Path(__file__).with_name("zombie_serve.py"))
 
@@ -96,3 +103,15 @@ def test_cli_blackbox_says_zombie_with_the_reproducer_in_the_report(zombie_serve
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Zombie requests" in md and "Reproducer (disconnect before the first token)" in md
     print(p.stdout)
+
+
+def test_judge_tokens_running_time_and_a_stale_gauge():
+    m = {"tokens_after_leaving": 359, "running_s": 0.6}
+    assert judge(m, 10.0, None, 16, 1.0) == (False, True)  # vlite's planted zombie: tokens
+    # vLLM 0.32 with aborts dropped: its token counter misses the zombie's tokens; the running gauge does not
+    assert judge({"tokens_after_leaving": 1, "running_s": 9.1}, 10.0, 13.2, 16, 1.0) == (False, True)
+    # a stale gauge: it read 0 right after the 1-token probe (at 13.2 s) made the engine step
+    assert judge({"tokens_after_leaving": 1, "running_s": 3.4}, 10.0, 13.2, 16, 1.0) == (True, False)
+    assert judge({"tokens_after_leaving": 0, "running_s": 0.09}, 10.0, None, 16, 1.0) == (False, False)
+    assert judge({"tokens_after_leaving": 0, "running_s": None}, 10.0, 13.0, 16, 1.0) == (False, True)  # stuck
+    assert judge({"tokens_after_leaving": None, "running_s": 2.0}, 10.0, None, 16, 1.0) == (False, True)

@@ -121,6 +121,20 @@ def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
     return out
 
 
+def judge(m: dict, left: float, poked: float | None, threshold_tokens: int, threshold_s: float) -> tuple[bool, bool]:
+    """(stale_gauge, zombie) for one early leaver's measures ``m`` (``_measure``'s keys); ``left``:
+    when the client left, ``poked``: when the 1-token probe ended (None: no probe).
+
+    A running gauge that read 0 within a second of the probe was only stale (the probe made the
+    engine step); one that stays up after it is a request the engine really kept running.
+    """
+    stale = poked is not None and m["running_s"] is not None and left + m["running_s"] <= poked + 1.0
+    ran_on = m["running_s"] is None or (m["running_s"] > threshold_s and not stale)
+    if m["tokens_after_leaving"] is not None:
+        return stale, m["tokens_after_leaving"] > threshold_tokens or ran_on
+    return stale, ran_on
+
+
 def _max_model_len(conn) -> int | None:
     """``max_model_len`` from ``GET /v1/models`` (vLLM and vlite report it), or None."""
     try:
@@ -273,17 +287,8 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             rows.append(row)
             return
         row.update(_measure(scraper.rows, before, left))
-        # A gauge that read 0 within a second of the probe was only stale (the probe made the engine
-        # step); one that stays up after it is a request the engine really kept running.
-        stale = poked is not None and row["running_s"] is not None and left + row["running_s"] <= poked + 1.0
-        row["stale_gauge"] = stale
-        ran_on = row["running_s"] is None or (row["running_s"] > threshold_s and not stale)
-        if row["tokens_after_leaving"] is not None:
-            zombie = row["tokens_after_leaving"] > threshold_tokens or ran_on
-        else:
-            zombie = ran_on
+        row["stale_gauge"], row["zombie"] = judge(row, left, poked, threshold_tokens, threshold_s)
         row["still_running"] = row["running_s"] is None
-        row["zombie"] = zombie
         rows.append(row)
 
     async def main() -> None:
@@ -327,7 +332,8 @@ def zombie_summary(z: dict) -> str | None:
     if not z or not z["zombies"]:
         return None
     a = max(z["zombies"], key=lambda a: a.get("tokens_after_leaving") or 0)
-    tokens = "" if a["tokens_after_leaving"] is None else f"generated {a['tokens_after_leaving']} tokens and "
+    tokens = ("" if a["tokens_after_leaving"] is None or a["tokens_after_leaving"] <= z["threshold_tokens"]
+              else f"generated {a['tokens_after_leaving']} tokens and ")
     running = ("and the request is still running" if a["still_running"] else
                f"kept it running {a['running_s']:g} s")
     counted = ("" if a["aborts_counted"] is None else
