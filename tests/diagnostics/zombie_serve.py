@@ -5,11 +5,14 @@ Run as ``python zombie_serve.py serve --model ...`` (the arguments of ``vlite se
 patch wraps ``AbortOnCloseStreamingResponse``: it counts the chunks the stream produced and, when
 the stream ends with the request unfinished and fewer than two chunks produced (the client saw no
 token; the first may have been in flight when the cut was noticed), skips ``group.abort()``.
-Mid-stream disconnects and non-streaming timeouts are aborted as usual.
+Mid-stream disconnects and non-streaming timeouts are aborted as usual. The first chunk is held
+``FIRST_CHUNK_DELAY_S`` (as a long prefill would), so that on a loaded machine the client's cut
+still lands before any token was produced for the stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 
@@ -19,13 +22,18 @@ from vlite.entrypoints import serving
 
 logger = logging.getLogger("vlite.server")
 _init = serving.AbortOnCloseStreamingResponse.__init__
+FIRST_CHUNK_DELAY_S = 0.3
 
 
 def _patched_init(self, content, group):
     counts = {"chunks": 0}
 
     async def counted():
+        first = True
         async for chunk in content:
+            if first:  # a slow first token (a long prefill): the client's cut always lands before it
+                first = False
+                await asyncio.sleep(FIRST_CHUNK_DELAY_S)
             counts["chunks"] += 1
             yield chunk
 
