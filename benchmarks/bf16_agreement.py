@@ -31,7 +31,7 @@ def main() -> None:
     from vlite.bench.runners import load_hf_model, run_hf_continuous, run_vlite, token_agreement
     from vlite.engine.config import EngineConfig
     from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ckpt = load_checkpoint(DEFAULT_MODEL)
     reqs = random_requests(ckpt.tokenizer, args.num_prompts, (32, 256), (16, 256), seed=0)

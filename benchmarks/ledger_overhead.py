@@ -6,7 +6,7 @@ shared machine hit both. Reported: the median output tokens/s of each and the ov
 ``1 - median(on) / median(off)``.
 
 Because that difference is small next to the noise of a shared 2-core machine, the ledger's
-cost is also measured directly: every public ``BlockManager`` method of both engines is wrapped
+cost is also measured directly: every public ``KVCacheManager`` method of both engines is wrapped
 with a ``perf_counter`` accumulator (the ledger is only reached through the block manager, and
 the entries are built there), and the ledger's cost is the block manager's time with the ledger
 minus without it, as a share of the ledger-on run's wall time.
@@ -61,7 +61,7 @@ def main() -> None:
     from vlite.bench.runners import run_vlite
     from vlite.engine.config import EngineConfig
     from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ckpt = load_checkpoint(DEFAULT_MODEL)
     in_r = tuple(int(x) for x in args.input_len_range.split(":"))
@@ -72,7 +72,7 @@ def main() -> None:
     bm_share: dict[bool, list[float]] = {True: [], False: []}
     counters = {flag: {"time": 0.0, "depth": 0} for flag in (True, False)}
     for flag, engine in engines.items():
-        _timed(engine.block_manager, counters[flag])
+        _timed(engine.kv_cache_manager, counters[flag])
     for i in range(args.repeats):
         for flag in (True, False):
             counters[flag]["time"] = 0.0

@@ -20,7 +20,7 @@ if [ ! -x "$LMEVAL_VENV/bin/lm_eval" ]; then
   "$LMEVAL_VENV/bin/pip" install -q torch==2.13.0
   "$LMEVAL_VENV/bin/pip" install -q "lm_eval[hf,api]==0.4.13"
 fi
-MODEL_DIR=${1:-$("$ROOT/.venv/bin/python" -c "from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)")}
+MODEL_DIR=${1:-$("$ROOT/.venv/bin/python" -c "from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)")}
 WORK=$(mktemp -d)
 PORT=$("$ROOT/.venv/bin/python" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

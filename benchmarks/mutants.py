@@ -50,73 +50,73 @@ class Mutant:
 
 MUTANTS = [
     Mutant("free-skips-first-block", "free", "free() releases every block but the first of a table",
-           "engine/block_manager.py", "        for block_id in reversed(table):\n",
+           "engine/core/kv_cache_manager.py", "        for block_id in reversed(table):\n",
            "        for block_id in reversed(table[1:]):\n"),
     Mutant("free-skips-shared-blocks", "free / prefix cache", "free() skips blocks shared with another sequence",
-           "engine/block_manager.py",
+           "engine/core/kv_cache_manager.py",
            "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):",
            "            if self.blocks[block_id].ref_count > 1:\n                continue\n"
            "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):"),
     Mutant("prefix-hit-evictable-count", "allocation (prefix hit)",
            "taking a cached block on a prefix hit forgets to decrement the evictable count",
-           "engine/block_manager.py",
+           "engine/core/kv_cache_manager.py",
            "                self.free_block_queue.remove(block_id)\n                self._num_evictable -= 1\n",
            "                self.free_block_queue.remove(block_id)\n"),
     Mutant("evict-keeps-index-entry", "prefix cache", "evicting a cached block keeps its hash-index entry",
-           "engine/block_manager.py",
+           "engine/core/kv_cache_manager.py",
            "            if self.cached_blocks.get(block.block_hash) == block.block_id:\n"
            "                del self.cached_blocks[block.block_hash]\n", ""),
     Mutant("hash-progress-not-dropped", "free / prefix cache",
-           "free() keeps the sequence's prefix-hash progress entry", "engine/block_manager.py",
+           "free() keeps the sequence's prefix-hash progress entry", "engine/core/kv_cache_manager.py",
            "        self._num_hashed.pop(seq.seq_id, None)\n        if self.faults", "        if self.faults"),
     Mutant("fork-no-incref-last-block", "fork", "fork() takes no reference on the last (partial) block",
-           "engine/block_manager.py", "        for block_id in table:\n            self.blocks[block_id].ref_count += 1\n",
+           "engine/core/kv_cache_manager.py", "        for block_id in table:\n            self.blocks[block_id].ref_count += 1\n",
            "        for block_id in table:\n            if block_id != table[-1]:\n"
            "                self.blocks[block_id].ref_count += 1\n"),
     Mutant("fork-shares-table-list", "fork", "fork() gives the child the parent's block-table list itself",
-           "engine/block_manager.py", "        table = list(self.block_tables.get(parent.seq_id, ()))\n",
+           "engine/core/kv_cache_manager.py", "        table = list(self.block_tables.get(parent.seq_id, ()))\n",
            "        table = self.block_tables.setdefault(parent.seq_id, [])\n"),
     Mutant("cow-keeps-source", "copy-on-write", "copy-on-write replaces the table entry without releasing the source",
-           "engine/block_manager.py", "            self._release(src, seq, \"copy-on-write\")\n", ""),
+           "engine/core/kv_cache_manager.py", "            self._release(src, seq, \"copy-on-write\")\n", ""),
     Mutant("cow-double-release", "copy-on-write", "copy-on-write releases the source block twice",
-           "engine/block_manager.py", "            self._release(src, seq, \"copy-on-write\")\n",
+           "engine/core/kv_cache_manager.py", "            self._release(src, seq, \"copy-on-write\")\n",
            "            self._release(src, seq, \"copy-on-write\")\n            self._release(src, seq, \"copy-on-write\")\n"),
     Mutant("preempt-in-prefill-drops-table", "preemption",
            "preempting a sequence that has no output token yet drops its table without a free",
-           "engine/scheduler.py", "        else:\n            self.block_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED",
-           "        elif seq.num_output_tokens == 0:\n            self.block_manager.block_tables.pop(seq.seq_id, None)\n"
-           "        else:\n            self.block_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED"),
+           "engine/core/scheduler.py", "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED",
+           "        elif seq.num_output_tokens == 0:\n            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n"
+           "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED"),
     Mutant("stop-string-no-free", "finish (stop string)", "a stop-string finish skips the release",
-           "engine/scheduler.py", "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
-           "            if not isinstance(stop_reason, str):\n                self.block_manager.free(seq)\n"
+           "engine/core/scheduler.py", "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not isinstance(stop_reason, str):\n                self.kv_cache_manager.free(seq)\n"
            "            req = self.requests[seq.request_id]"),
-    Mutant("eos-no-free", "finish (EOS)", "an EOS finish skips the release", "engine/scheduler.py",
-           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+    Mutant("eos-no-free", "finish (EOS)", "an EOS finish skips the release", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
            "            if not (reason is FinishReason.STOP and stop_reason is None and seq.output_token_ids\n"
-           "                    and seq.output_token_ids[-1] in seq.eos_token_ids):\n                self.block_manager.free(seq)\n"
+           "                    and seq.output_token_ids[-1] in seq.eos_token_ids):\n                self.kv_cache_manager.free(seq)\n"
            "            req = self.requests[seq.request_id]"),
     Mutant("stop-token-keeps-entry", "finish (stop token)", "a stop-token finish keeps the request's entry",
-           "engine/scheduler.py", "            req.live.remove(seq)\n            if not req.live:",
+           "engine/core/scheduler.py", "            req.live.remove(seq)\n            if not req.live:",
            "            if isinstance(stop_reason, int):\n                return\n            req.live.remove(seq)\n"
            "            if not req.live:"),
     Mutant("beam-prune-not-finished", "beam search", "a pruned beam is dropped from the search but never finished",
-           "engine/scheduler.py",
+           "engine/core/scheduler.py",
            "                self.finish_sequence(parent, FinishReason.STOP, kind=\"stop:beam_pruned\")  # pruned",
            "                pass"),
     Mutant("abort-prefill-drops-table", "abort (prefill)",
-           "aborting a sequence still in its prefill drops the table without a free", "engine/scheduler.py",
-           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "aborting a sequence still in its prefill drops the table without a free", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
            "            if reason is FinishReason.ABORT and seq.in_prefill and not seq.output_token_ids:\n"
-           "                self.block_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
-           "                self.block_manager.free(seq)\n            req = self.requests[seq.request_id]"),
+           "                self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
+           "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
     Mutant("abort-resumed-no-free", "abort (after preemption)",
-           "aborting a resumed sequence (preempted, then running again) skips the release", "engine/scheduler.py",
-           "            self.block_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "aborting a resumed sequence (preempted, then running again) skips the release", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
            "            if not (reason is FinishReason.ABORT and seq.num_preemptions and seq.num_computed_tokens):\n"
-           "                self.block_manager.free(seq)\n            req = self.requests[seq.request_id]"),
+           "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
     Mutant("abort-first-sample-only", "abort (n > 1)",
            "abort() ends only the request's first sequence; its other samples decode on (zombies)",
-           "engine/scheduler.py",
+           "engine/core/scheduler.py",
            "        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)\n",
            "        for seq in seqs[:1]:\n"),
 ]
@@ -130,7 +130,7 @@ def build_model(workdir: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import build_tiny_model_dir
 
-    from vlite.diagnostics.all_paths import CHAT_MESSAGES
+    from vlite.diagnostics.workload.all_paths import CHAT_MESSAGES
     from vlite.engine.config import CacheConfig, EngineConfig
     from vlite.engine.llm_engine import LLMEngine
     from vlite.engine.sampling_params import SamplingParams

@@ -45,7 +45,7 @@ RULES = [
     ("elementwise: norm, rotary, SiLU, residual", lambda f, p, s: "llama" in p),
     ("sampling", lambda f, p, s: "sampler" in p),
     ("prepare (pack the step)", lambda f, p, s: "model_runner" in p),
-    ("scheduling + block manager", lambda f, p, s: "scheduler" in p or "block_manager" in p),
+    ("scheduling + block manager", lambda f, p, s: "scheduler" in p or "kv_cache_manager" in p or "block_pool" in p),
     ("engine bookkeeping (detokenize, outputs, stop checks)", lambda f, p, s: "vlite/engine" in p),
 ]
 

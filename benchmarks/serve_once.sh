@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ENVS=${1:-X_UNUSED=1}; shift || true
 PORT=${PORT:-8871}
-MODEL_DIR=$(.venv/bin/python -c 'from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
+MODEL_DIR=$(.venv/bin/python -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 # shellcheck disable=SC2086
 env $ENVS setsid .venv/bin/vlite serve --model "$MODEL_DIR" --served-model-name smollm2 --host 127.0.0.1 \
   --port "$PORT" --dtype float32 "$@" > /tmp/vlite_serve_once.log 2>&1 &

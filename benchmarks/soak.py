@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -46,9 +45,10 @@ import httpx
 import numpy as np
 import psutil
 
+from vlite.diagnostics.targets.prom import labelled_values
+
 VLITE = str(Path(sys.executable).parent / "vlite")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-_SAMPLE = re.compile(r'^(vlite:\w+)\{([^}]*)\} (\S+)$', re.MULTILINE)
 
 
 def build_tiny_model(out: Path) -> Path:
@@ -56,7 +56,7 @@ def build_tiny_model(out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+    from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
     torch.manual_seed(0)
@@ -77,12 +77,7 @@ def free_port() -> int:
 
 def read_metrics(base_url: str) -> dict[str, float]:
     """/metrics as {name or name{finished_reason}: value}."""
-    text = httpx.get(base_url + "/metrics", timeout=30).text
-    out: dict[str, float] = {}
-    for name, labels, value in _SAMPLE.findall(text):
-        reason = re.search(r'finished_reason="(\w+)"', labels)
-        out[f"{name}{{{reason.group(1)}}}" if reason else name] = float(value)
-    return out
+    return labelled_values(httpx.get(base_url + "/metrics", timeout=30).text)
 
 
 def drained(m: dict[str, float]) -> bool:
@@ -174,7 +169,7 @@ def start_in_process(model: str, num_blocks: int, port: int):
     from vlite.engine.config import CacheConfig, EngineConfig
     from vlite.engine.llm_engine import LLMEngine
     from vlite.entrypoints.api_server import create_app
-    from vlite.entrypoints.http_protocol import with_header_timeout
+    from vlite.entrypoints.header_timeout import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
 
     config = EngineConfig(model=model, cache=CacheConfig(num_blocks=num_blocks))

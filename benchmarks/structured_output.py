@@ -27,7 +27,7 @@ import torch
 
 
 def unconstrained_ab(engine, reqs, repeats: int) -> dict:
-    import vlite.engine.sampler as sampler_mod
+    import vlite.engine.worker.sampler as sampler_mod
     from vlite.bench.runners import run_vlite
 
     shipped_mask, shipped_free = sampler_mod.apply_grammar_masks, engine.structured_output.free
@@ -70,9 +70,9 @@ def unconstrained_ab(engine, reqs, repeats: int) -> dict:
 
 
 def constrained_costs(engine, repeats: int) -> dict:
+    from vlite.engine.core.sequence import RequestOrigin, Sequence
+    from vlite.engine.core.structured_output import StructuredOutputsParams, apply_grammar_masks
     from vlite.engine.sampling_params import SamplingParams
-    from vlite.engine.sequence import RequestOrigin, Sequence
-    from vlite.engine.structured_output import StructuredOutputsParams, apply_grammar_masks
 
     tok = engine.tokenizer
 
@@ -158,7 +158,7 @@ def main() -> None:
     from vlite.bench.datasets import random_requests
     from vlite.engine.config import EngineConfig
     from vlite.engine.llm_engine import LLMEngine
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ckpt = load_checkpoint(DEFAULT_MODEL)
     engine = LLMEngine(EngineConfig(), checkpoint=ckpt)

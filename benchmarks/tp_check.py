@@ -26,8 +26,8 @@ def main() -> int:
     from conftest import make_engine
     from test_engine_hf_parity import SMOL_PROMPTS
 
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
     from vlite.engine.sampling_params import SamplingParams
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", nargs="+", default=["mp"], choices=["mp", "ray"])

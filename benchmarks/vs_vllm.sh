@@ -48,7 +48,7 @@ if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
   # Their C operators do not load against this torch (torchvision::nms), and vLLM's text path does not need them.
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
-MODEL_DIR=$($PY -c 'from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
+MODEL_DIR=$($PY -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 NAME=smollm2
 # Build (or load) the C++ decode kernel before anything is timed: torch's extension cache rebuilds it
 # whenever a different checkout's source path last built it (20-90 s inside the first timed run).

@@ -20,9 +20,10 @@ import json
 import os
 import time
 
-from vlite.engine import llm_engine, model_runner
-from vlite.engine.models import linear, llama
-from vlite.engine.models.parallel_layers import ParallelLMHead
+from vlite.engine import llm_engine
+from vlite.engine.worker import model_runner
+from vlite.engine.worker.models import linear, llama
+from vlite.engine.worker.models.parallel_layers import ParallelLMHead
 from vlite.kernels import cpu_attention, fused_ops, torch_ref
 
 seconds: collections.Counter[str] = collections.Counter()

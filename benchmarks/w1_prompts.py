@@ -26,7 +26,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from vlite.bench.datasets import random_requests
-    from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+    from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model
 
     model_dir = str(resolve_model(DEFAULT_MODEL).path)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -61,7 +61,7 @@ def smollm2_tokenizer():
         if os.environ.get(TOKENIZER_DIR_ENV):
             _TOKENIZER = AutoTokenizer.from_pretrained(os.environ[TOKENIZER_DIR_ENV])
         else:
-            from vlite.engine.loader import DEFAULT_MODEL, resolve_model
+            from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model
 
             _TOKENIZER = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL).path)
     return _TOKENIZER
@@ -74,14 +74,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_model_dir):
-    from vlite.engine.loader import load_checkpoint
+    from vlite.engine.worker.loader import load_checkpoint
 
     return load_checkpoint(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="session")
 def smollm2_checkpoint():
-    from vlite.engine.loader import DEFAULT_MODEL, load_checkpoint
+    from vlite.engine.worker.loader import DEFAULT_MODEL, load_checkpoint
 
     return load_checkpoint(DEFAULT_MODEL)
 

@@ -6,7 +6,6 @@ Every wait is bounded by a deadline; the server's log is printed when a test fai
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from vlite.diagnostics.targets.prom import labelled_values
 
 VLITE = [str(Path(sys.executable).parent / "vlite")]
 STARTUP_TIMEOUT_S = 120.0  # imports + model load on a busy 2-core machine
@@ -83,7 +84,6 @@ class ServerProcess:
         self._log.close()
 
 
-_SAMPLE = re.compile(r'^(vlite:\w+)\{([^}]*)\} (\S+)$', re.MULTILINE)
 
 
 def running(srv: ServerProcess):
@@ -100,11 +100,7 @@ def running(srv: ServerProcess):
 def read_metrics(server: ServerProcess) -> dict[str, float]:
     """/metrics as {name or name{finished_reason}: value} (the model_name label dropped)."""
     text = httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=10).text
-    out = {}
-    for name, labels, value in _SAMPLE.findall(text):
-        reason = re.search(r'finished_reason="(\w+)"', labels)
-        out[f"{name}{{{reason.group(1)}}}" if reason else name] = float(value)
-    return out
+    return labelled_values(text)
 
 
 def is_drained(m: dict[str, float]) -> bool:

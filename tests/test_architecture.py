@@ -31,14 +31,14 @@ def _rel(path: Path) -> str:
 
 
 def test_only_the_scheduler_and_the_view_import_the_block_manager():
-    allowed = {"vlite/engine/block_manager.py", "vlite/engine/scheduler.py", "vlite/engine/introspection.py"}
+    allowed = {"vlite/engine/core/kv_cache_manager.py", "vlite/engine/core/scheduler.py", "vlite/engine/introspection.py"}
     offenders = [_rel(p) for p in _modules(ROOT / "engine")
-                 if "vlite.engine.block_manager" in _imported_modules(p) and _rel(p) not in allowed]
+                 if "vlite.engine.core.kv_cache_manager" in _imported_modules(p) and _rel(p) not in allowed]
     assert offenders == []
 
 
 def test_the_rule_scanner_sees_the_scheduler_import():  # the scanner above is not vacuous
-    assert "vlite.engine.block_manager" in _imported_modules(ROOT / "engine" / "scheduler.py")
+    assert "vlite.engine.core.kv_cache_manager" in _imported_modules(ROOT / "engine" / "core" / "scheduler.py")
 
 
 def test_code_outside_the_engine_imports_only_vlite_engine_public_names():
@@ -95,7 +95,7 @@ def test_diagnostics_touch_the_engine_only_through_the_client_protocol_and_the_v
 
     assert ENGINE_CLIENT_MEMBERS == {n for n in dir(EngineClient) if not n.startswith("_")} | {"tokenizer"}
     offenders, seen = [], 0
-    internals = {"scheduler", "block_manager", "model_runner", "_engine", "output_processor"}
+    internals = {"scheduler", "block_manager", "kv_cache_manager", "block_pool", "model_runner", "_engine", "output_processor"}
 
     def reaches_inside(n: ast.AST) -> bool:  # engine internals under any name (a config's .scheduler is fine)
         return isinstance(n, ast.Attribute) and n.attr in internals and not (
@@ -126,3 +126,126 @@ def test_class_names_are_unique_across_vlite():
                 where.setdefault(node.name, []).append(f"{_rel(path)}:{node.lineno}")
     assert len(where) > 50  # the scan sees the code base
     assert {name: places for name, places in where.items() if len(places) > 1} == {}
+
+
+# ---- the import graph: no circle, no arrow back up -------------------------------------------------
+# Every import counts, also those inside functions (lazy) and under ``if TYPE_CHECKING:``.
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """vlite module -> the vlite modules it imports (a name imported from a package resolves to
+    its submodule when there is one, else to the package)."""
+    modules = {_module_name(p): p for p in _modules(ROOT)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [[a.name] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the importing module's package
+                    pkg = name.split(".") if is_package else name.split(".")[:-1]
+                    pkg = pkg[:len(pkg) - node.level + 1]
+                    base = ".".join(pkg + ([base] if base else []))
+                candidates = [[f"{base}.{a.name}", base] for a in node.names]
+            else:
+                continue
+            for options in candidates:
+                for option in options:
+                    if option in modules:
+                        if option != name:
+                            targets.add(option)
+                        break
+        graph[name] = targets
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_in_vlite():
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_finder_sees_a_circle():  # the check above is not vacuous
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = _import_graph()
+    assert "vlite.engine.core.sched_output" in graph["vlite.engine.core.scheduler"]
+    assert "vlite.engine.worker.loader" in graph["vlite.engine.worker.models.llama"]  # a lazy import is seen
+
+
+# Floors, from the ground up: a module may import only modules on its own floor or below.
+_FLOORS = [
+    ("vlite.env", "vlite"),
+    ("vlite.kernels",),
+    ("vlite.engine.config", "vlite.engine.kv_cache_fit", "vlite.engine.metrics", "vlite.engine.sampling_params"),
+    ("vlite.engine.core",),
+    ("vlite.engine.worker",),
+    ("vlite.engine.outputs", "vlite.engine.output_processor", "vlite.engine.protocol", "vlite.engine.arg_utils",
+     "vlite.engine.census", "vlite.engine.introspection", "vlite.engine.llm_engine"),
+    ("vlite.engine.serving",),
+    ("vlite.engine",),
+    ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload"),
+    ("vlite.diagnostics.checks",),
+    ("vlite.diagnostics.targets",),
+    ("vlite.diagnostics.report", "vlite.diagnostics.run"),
+    ("vlite.diagnostics.scenarios", "vlite.diagnostics"),
+    ("vlite.cli",),
+]
+
+
+def _floor(module: str) -> int:
+    best, floor = -1, None
+    for i, prefixes in enumerate(_FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), i
+    assert floor is not None, f"{module} stands on no floor: add it to _FLOORS"
+    return floor
+
+
+def test_no_import_arrow_runs_back_up():
+    graph = _import_graph()
+    upward = sorted(f"{a} (floor {_floor(a)}) -> {b} (floor {_floor(b)})"
+                    for a, targets in graph.items() for b in targets if _floor(b) > _floor(a))
+    assert upward == []
+    assert len(graph) > 100 and sum(map(len, graph.values())) > 250  # the scan sees the code base

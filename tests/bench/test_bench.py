@@ -285,7 +285,7 @@ def test_bench_serve_against_a_real_server(cli, tiny_model_dir, tmp_path):
 def test_bench_throughput_refuses_a_run_whose_requests_failed(tiny_model_dir, monkeypatch):
     """Every step raises: no throughput figure (it would count tokens never generated), exit 1."""
     from vlite.cli.main import app
-    from vlite.engine.models.llama import LlamaForCausalLM
+    from vlite.engine.worker.models.llama import LlamaForCausalLM
 
     def broken_forward(self, *args, **kwargs):
         raise RuntimeError("simulated kernel failure")

@@ -28,8 +28,8 @@ def test_weight_bytes_equal_a_transformers_models_parameter_bytes(tied):
 
 
 def test_kv_bytes_per_token_equal_what_vlites_kv_cache_allocates():
-    from vlite.engine.model_runner import kv_cache_bytes_per_block
-    from vlite.engine.models.llama import LlamaForCausalLM
+    from vlite.engine.worker.model_runner import kv_cache_bytes_per_block
+    from vlite.engine.worker.models.llama import LlamaForCausalLM
 
     config = _hf_model(True).config
     with torch.device("meta"):

@@ -31,7 +31,7 @@ def _option_help(text: str, option: str) -> str:
 
 @pytest.mark.parametrize("command", [("leak-check",), ("serve",)])
 def test_inject_fault_help_lists_every_fault(command):
-    from vlite.engine.faults import FAULTS
+    from vlite.engine.core.faults import FAULTS
 
     text = _option_help(_help(*command), "--inject-fault")
     for name in FAULTS:

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from vlite.diagnostics.actions import ABORT_KINDS, ClientAction, plan_action
-from vlite.diagnostics.client import IdlePoint
-from vlite.diagnostics.detect import drain_check, trough_trend
-from vlite.diagnostics.snapshot import Snapshot, from_debug_blocks
-from vlite.diagnostics.workload import WorkloadError, jsonl_workload, sharegpt_workload, synthetic_workload
+from vlite.diagnostics.checks.detect import drain_check, trough_trend
+from vlite.diagnostics.checks.snapshot import Snapshot, from_debug_blocks
+from vlite.diagnostics.workload.actions import ABORT_KINDS, ClientAction, plan_action
+from vlite.diagnostics.workload.replay import IdlePoint
+from vlite.diagnostics.workload.sources import WorkloadError, jsonl_workload, sharegpt_workload, synthetic_workload
 
 
 def test_synthetic_workload_is_seeded_and_in_range():
@@ -127,3 +127,14 @@ def test_debug_blocks_snapshot():
     assert snap.ref_counts == [0, 1, 1, 0, 0, 0, -1, 0]
     check = drain_check(snap)
     assert check.negative_ref_counts == 1 and check.sign == "deficit+excess"
+
+
+def test_labelled_values_keys_vlite_series_by_name_and_finish_reason():
+    from vlite.diagnostics.targets.prom import labelled_values
+
+    text = ('vlite:num_free_blocks{model_name="m"} 12.0\n'
+            'vlite:request_success_total{finished_reason="stop",model_name="m"} 3.0\n'
+            'vlite:request_success_total{finished_reason="abort",model_name="m"} 1.0\n'
+            'other:series{model_name="m"} 5.0\n')
+    assert labelled_values(text) == {"vlite:num_free_blocks": 12.0, "vlite:request_success_total{stop}": 3.0,
+                                     "vlite:request_success_total{abort}": 1.0}

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.diagnostics.client import IdlePoint
-from vlite.diagnostics.host_memory import host_memory_check, plateau_test
+from vlite.diagnostics.checks.host_memory import host_memory_check, plateau_test
 from vlite.diagnostics.run import run_in_process
-from vlite.diagnostics.workload import synthetic_workload
+from vlite.diagnostics.workload.replay import IdlePoint
+from vlite.diagnostics.workload.sources import synthetic_workload
 
 
 def _specs():
@@ -26,17 +26,17 @@ def _run(engine):
 
 def _block_id_list(engine):
     """vllm#44175: a list that gets every allocated block id and is never emptied."""
-    bm = engine.scheduler.block_manager
+    bm = engine.scheduler.kv_cache_manager
     bm.new_block_ids = []
-    pop = bm._pop_free_block
+    pop = bm.block_pool.pop_free_block
 
-    def pop_free_block(self):
+    def pop_free_block():
         block_id = pop()
-        self.new_block_ids.append(block_id)
+        bm.new_block_ids.append(block_id)
         return block_id
 
-    bm._pop_free_block = types.MethodType(pop_free_block, bm)
-    return "engine.scheduler.block_manager.new_block_ids"
+    bm.block_pool.pop_free_block = pop_free_block
+    return "engine.scheduler.kv_cache_manager.new_block_ids"
 
 
 def _tensor_cache(engine):

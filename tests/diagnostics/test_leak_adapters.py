@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from vlite.diagnostics.blackbox import connect
 from vlite.diagnostics.targets.adapters import (
     ADAPTERS,
     METRIC_NAMES,
@@ -22,6 +21,7 @@ from vlite.diagnostics.targets.adapters import (
     markdown_table,
     slots_occupancy,
 )
+from vlite.diagnostics.targets.blackbox import connect
 from vlite.diagnostics.targets.prom import parse_page
 
 FIX = Path(__file__).parent / "fixtures"

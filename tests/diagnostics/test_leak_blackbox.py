@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from serve_harness import ServerProcess, free_port, running
 
-from vlite.diagnostics.actions import ClientAction
-from vlite.diagnostics.blackbox import connect, run_blackbox, split_waves
-from vlite.diagnostics.workload import jsonl_workload, synthetic_workload, with_action
+from vlite.diagnostics.targets.blackbox import connect, run_blackbox, split_waves
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.sources import jsonl_workload, synthetic_workload, with_action
 
 FIX = Path(__file__).parent / "fixtures"
 VLITE = str(Path(sys.executable).with_name("vlite"))
@@ -66,7 +66,7 @@ def test_blackbox_finds_the_disconnect_leak_and_its_reproducer_leaks_again(fault
     assert len(res.probes) >= 7 and res.info["server_pid"] == faulty.proc.pid
     assert res.samples["rss_bytes"].notna().all()  # the server's process tree was found and sampled
 
-    from vlite.diagnostics.blackbox_report import write_blackbox_report
+    from vlite.diagnostics.report.blackbox_report import write_blackbox_report
 
     out = write_blackbox_report(res, tmp_path / "report")
     rep = json.loads((out / "report.json").read_text())

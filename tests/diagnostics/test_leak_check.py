@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import make_engine
 
-from vlite.diagnostics.actions import ClientAction
 from vlite.diagnostics.run import run_in_process
-from vlite.diagnostics.workload import RequestSpec, synthetic_prompt, synthetic_workload
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt, synthetic_workload
 
 
 def _mixed():
@@ -144,7 +144,7 @@ def test_prefix_cached_blocks_are_free_and_fork_refcount_leak_names_the_forker(t
 
 
 def test_a_model_that_fails_every_step_is_inconclusive_not_clean(tiny_checkpoint, monkeypatch):
-    from vlite.engine.models.llama import LlamaForCausalLM
+    from vlite.engine.worker.models.llama import LlamaForCausalLM
 
     def broken_forward(self, *args, **kwargs):
         raise RuntimeError("simulated kernel failure")

@@ -69,7 +69,7 @@ def test_scenarios_catch_a_planted_fault(tiny_model_dir):
 
 
 def test_every_request_failing_in_the_engine_exits_3_inconclusive(tiny_model_dir, tmp_path, monkeypatch):
-    from vlite.engine.models.llama import LlamaForCausalLM
+    from vlite.engine.worker.models.llama import LlamaForCausalLM
 
     def broken_forward(self, *args, **kwargs):
         raise RuntimeError("simulated kernel failure")

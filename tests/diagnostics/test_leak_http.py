@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vlite.diagnostics.actions import ClientAction
-from vlite.diagnostics.http_target import run_http
-from vlite.diagnostics.workload import synthetic_workload, with_action
+from vlite.diagnostics.targets.http import run_http
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.sources import synthetic_workload, with_action
 
 
 def _free_port() -> int:
@@ -90,7 +90,7 @@ def test_http_target_clean_server_is_clean(serve):
 def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_timing(serve):
     # Every kind of request over HTTP (shared prefixes, n > 1, beam search, chat, calibrated stop
     # tokens and strings), a third of them aborted: CLEAN, and the report says what ran.
-    from vlite.diagnostics.all_paths import all_paths_workload
+    from vlite.diagnostics.workload.all_paths import all_paths_workload
 
     url = serve()
     specs = all_paths_workload(14, input_len=(8, 24), output_len=(8, 14), abort_rate=0.4, seed=1, in_process=False)

@@ -8,16 +8,16 @@ import json
 import pytest
 from conftest import make_engine
 
-from vlite.diagnostics.actions import ClientAction
-from vlite.diagnostics.all_paths import all_paths_workload, suggest_num_blocks
 from vlite.diagnostics.run import run_in_process
-from vlite.diagnostics.workload import RequestSpec, WorkloadError, jsonl_workload, synthetic_prompt
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.all_paths import all_paths_workload, suggest_num_blocks
+from vlite.diagnostics.workload.sources import RequestSpec, WorkloadError, jsonl_workload, synthetic_prompt
 
 
 def _eos_engine(ckpt, num_blocks):
     """An engine whose EOS id is a token the random model really generates for a chat prompt
     (so EOS finishes happen, as on an instruction-tuned model)."""
-    from vlite.diagnostics.all_paths import CHAT_MESSAGES
+    from vlite.diagnostics.workload.all_paths import CHAT_MESSAGES
     from vlite.engine.sampling_params import SamplingParams
 
     engine = make_engine(ckpt, num_blocks=num_blocks, max_num_batched_tokens=256)
@@ -154,7 +154,7 @@ def test_a_directory_as_workload_says_so(tmp_path):
 def test_every_schema_key_is_documented():
     from pathlib import Path
 
-    from vlite.diagnostics.workload import TRACE_SCHEMA
+    from vlite.diagnostics.workload.sources import TRACE_SCHEMA
 
     doc = (Path(__file__).parents[2] / "docs" / "leak-check.md").read_text()
     section = doc[doc.index("## JSONL trace schema"):]
@@ -191,7 +191,7 @@ def _n_samples(k=4):
 
 
 def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_checkpoint):
-    from vlite.engine.sequence import FinishReason
+    from vlite.engine.core.sequence import FinishReason
 
     engine = make_engine(tiny_checkpoint, num_blocks=96)
 
@@ -217,9 +217,9 @@ def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_c
 
 
 def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch):
-    from vlite.engine.block_manager import BlockManager
+    from vlite.engine.core.kv_cache_manager import KVCacheManager
 
-    free = BlockManager.free
+    free = KVCacheManager.free
 
     def free_keeping_hash_progress(self, seq):
         kept = self._num_hashed.get(seq.seq_id)
@@ -228,7 +228,7 @@ def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch
             self._num_hashed[seq.seq_id] = kept  # a defect: prefix-hash progress never dropped
         return n
 
-    monkeypatch.setattr(BlockManager, "free", free_keeping_hash_progress)
+    monkeypatch.setattr(KVCacheManager, "free", free_keeping_hash_progress)
     engine = make_engine(tiny_checkpoint, num_blocks=64)
     run = run_in_process(engine, _n_samples(2), max_concurrency=4, sample_interval_s=0.05)
     f = run.findings
@@ -238,11 +238,11 @@ def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch
 
 
 def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpoint, monkeypatch):
-    from vlite.diagnostics import snapshot
-    from vlite.diagnostics.detect import detect
-    from vlite.engine.block_manager import BlockManager
+    from vlite.diagnostics.checks import snapshot
+    from vlite.diagnostics.checks.detect import detect
+    from vlite.engine.core.kv_cache_manager import KVCacheManager
 
-    release = BlockManager._release
+    release = KVCacheManager._release
 
     def release_keeping_count(self, block_id, seq, path="free"):  # a defect: the ledger is cleared, the count not
         if path == "free" and seq.num_output_tokens >= 4 and not getattr(self, "_done", False):
@@ -250,7 +250,7 @@ def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpo
             self.blocks[block_id].ref_count += 1
         release(self, block_id, seq, path)
 
-    monkeypatch.setattr(BlockManager, "_release", release_keeping_count)
+    monkeypatch.setattr(KVCacheManager, "_release", release_keeping_count)
     engine = make_engine(tiny_checkpoint, num_blocks=64)
     run = run_in_process(engine, _n_samples(2), max_concurrency=4, sample_interval_s=0.05)
     f = run.findings
@@ -260,13 +260,13 @@ def test_unattributed_blocks_are_described_from_the_release_history(tiny_checkpo
     assert "did not bring the count to 0" in u["evidence"] and "unattributed blocks" in f.summary()
     assert f.unattributed_blocks == 1
     # the same description from the JSON a served engine sends
-    snap = snapshot.from_debug_blocks(__import__("vlite.entrypoints.debug", fromlist=["x"]).blocks_snapshot(engine))
+    snap = snapshot.from_debug_blocks(__import__("vlite.engine", fromlist=["x"]).blocks_document(engine))
     assert detect(snap, run.replay.requests, run.replay.idle_points).unattributed[0]["block_id"] == u["block_id"]
 
 
 def test_suspected_paths_come_from_evidence_and_say_unknown_when_thin():
-    from vlite.diagnostics.evidence import suspected_paths
-    from vlite.diagnostics.snapshot import Snapshot
+    from vlite.diagnostics.checks.evidence import suspected_paths
+    from vlite.diagnostics.checks.snapshot import Snapshot
 
     rel = {"block_id": 3, "seq_id": 1, "request_id": "r", "alloc_site": "fork", "alloc_step": 2, "path": "copy-on-write",
            "seq_status": "running", "finish_reason": None, "num_preemptions": 0, "ref_count_after": 1, "step": 5,
@@ -290,27 +290,27 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
 
     from rich.console import Console
 
-    from vlite.diagnostics.client import IdlePoint
-    from vlite.diagnostics.detect import RSS_THRESHOLD_BYTES_PER_REQUEST, rss_trend
-    from vlite.diagnostics.report import _trend_line
+    from vlite.diagnostics.checks.detect import RSS_THRESHOLD_BYTES_PER_REQUEST, rss_trend
+    from vlite.diagnostics.report.writer import trend_line
+    from vlite.diagnostics.workload.replay import IdlePoint
 
     warm = [IdlePoint(0, 0, 0, 100_000_000), IdlePoint(0, 10, 0, 180_000_000)] + \
         [IdlePoint(0, 10 * i, 0, 200_000_000 + 100 * i) for i in range(2, 7)]
     t = rss_trend(warm)
     assert t.n == 5 and t.baseline == 200_000_200 and not t.rising  # the warm-up jump is not a trend
-    flat = _trend_line(t)
+    flat = trend_line(t)
     assert flat.endswith("[informational: the verdict rests on blocks]") and "rising" not in flat
     assert "baseline 190.7 MiB -> last 190.7 MiB" in flat and "KiB/request" in flat  # not raw byte counts
     assert flat.startswith("process RSS (rss_bytes) at idle troughs") and "R^2" in flat
-    from vlite.diagnostics.detect import trough_trend
+    from vlite.diagnostics.checks.detect import trough_trend
 
-    no_blocks = _trend_line(trough_trend([IdlePoint(0, 10 * i, 0, 0) for i in range(5)]))
+    no_blocks = trend_line(trough_trend([IdlePoint(0, 10 * i, 0, 0) for i in range(5)]))
     assert "flat at every idle point" in no_blocks and "R^2" not in no_blocks  # no variance: no fit claimed
     growing = [IdlePoint(0, 10 * i, 0, 10 * i * 4 * RSS_THRESHOLD_BYTES_PER_REQUEST) for i in range(6)]
     t = rss_trend(growing)
     assert t.rising
     out = StringIO()
-    Console(file=out, width=300).print(_trend_line(t), markup=False)
+    Console(file=out, width=300).print(trend_line(t), markup=False)
     assert "[rising; informational" in out.getvalue()
 
 
@@ -336,8 +336,8 @@ def test_cli_report_has_coverage_and_says_unattributed(tiny_model_dir, tmp_path)
 
 
 def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_gauge():
-    from vlite.diagnostics.client import RequestResult
-    from vlite.diagnostics.zombie import zombie_check
+    from vlite.diagnostics.checks.zombie import zombie_check
+    from vlite.diagnostics.workload.replay import RequestResult
 
     def left(rid, t, step, tokens):
         r = RequestResult(rid, "abort-after-tokens", "abort after 2 tokens", 0.0, outcome="aborted", abort_time=t)
@@ -361,7 +361,7 @@ def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_ga
 
 
 def test_coverage_lines_say_all_paths_only_when_none_is_missing():
-    from vlite.diagnostics import coverage
+    from vlite.diagnostics.checks import coverage
 
     every = {"allocation_sites": {"prefill": 1, "decode append": 1}, "prefix_hit_tokens": 1, "forks": 1,
              "copy_on_write": 1, "preemptions": 1, "resumptions": 1, "beam_prunes": 1,

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from vlite.diagnostics.prometheus_range import PrometheusError, judge_range, pages_from_matrix, parse_since
+from vlite.diagnostics.targets.prometheus_range import PrometheusError, judge_range, pages_from_matrix, parse_since
 
 FIX = Path(__file__).parent / "fixtures"
 VLITE = str(Path(sys.executable).with_name("vlite"))

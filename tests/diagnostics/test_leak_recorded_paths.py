@@ -7,9 +7,9 @@ import types
 
 from conftest import make_engine
 
-from vlite.diagnostics.all_paths import all_paths_workload
 from vlite.diagnostics.run import run_in_process
-from vlite.diagnostics.workload import synthetic_workload
+from vlite.diagnostics.workload.all_paths import all_paths_workload
+from vlite.diagnostics.workload.sources import synthetic_workload
 
 
 def _aborting():
@@ -27,7 +27,7 @@ def test_a_release_that_raised_is_named_with_the_recorded_finish_path_and_except
 
 def test_a_stop_string_finish_that_skips_the_free_is_named_as_no_release_recorded(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint, num_blocks=256)
-    bm = engine.scheduler.block_manager
+    bm = engine.scheduler.kv_cache_manager
     free = bm.free
 
     def free_but_not_after_a_stop_string(self, seq):  # the defect: the free path never runs
@@ -51,8 +51,8 @@ def test_a_double_free_names_both_release_sites(tiny_checkpoint):
     assert f.verdict == "LEAK" and f.anomalies
     sites = f.anomalies[0]["release_sites"]
     assert len(sites) == 2
-    assert all(s.startswith("Scheduler.finish_sequence -> BlockManager.free: seq ") for s in sites)
-    assert "released by Scheduler.finish_sequence -> BlockManager.free" in f.summary()
+    assert all(s.startswith("Scheduler.finish_sequence -> KVCacheManager.free: seq ") for s in sites)
+    assert "released by Scheduler.finish_sequence -> KVCacheManager.free" in f.summary()
     assert " and again by " in f.summary()
     # the anomaly list is reported as such, not again by the census
     assert not any("_anomalies" in h["path"] for h in f.census["held"])

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vlite.diagnostics.blackbox import design_waves, fit_leak_per_action
 from vlite.diagnostics.targets.adapters import UnknownServerError, detect_kind
+from vlite.diagnostics.targets.blackbox import design_waves, fit_leak_per_action
 from vlite.diagnostics.targets.process import GpuProcessMemory, ProcessTreeProbe
 from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
-from vlite.diagnostics.workload import synthetic_workload
+from vlite.diagnostics.workload.sources import synthetic_workload
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -165,9 +165,9 @@ def test_waves_have_differing_seeded_mixes():
 def test_reproducer_rows_replay_as_a_trace(tmp_path):
     import json
 
-    from vlite.diagnostics.actions import ClientAction
-    from vlite.diagnostics.blackbox_report import _trace_row, curl_command
-    from vlite.diagnostics.workload import jsonl_workload, with_action
+    from vlite.diagnostics.report.blackbox_report import _trace_row, curl_command
+    from vlite.diagnostics.workload.actions import ClientAction
+    from vlite.diagnostics.workload.sources import jsonl_workload, with_action
 
     spec = with_action(synthetic_workload(1, seed=0)[0], ClientAction("disconnect-stream", after_tokens=3))
     path = tmp_path / "reproducer.jsonl"
@@ -195,7 +195,7 @@ def _write(tmp_path, lines):
 
 
 def test_from_log_clean_vllm_and_leaking_vlite(tmp_path):
-    from vlite.diagnostics.from_log import analyze_log
+    from vlite.diagnostics.targets.from_log import analyze_log
 
     clean = [VLLM_LINE.format(s=i * 10, r=r, w=0, u=u) for i, (r, u) in enumerate([(4, 1.7), (0, 0.0), (3, 2.0),
                                                                                   (0, 0.0), (0, 0.0)])]
@@ -212,7 +212,7 @@ def test_from_log_clean_vllm_and_leaking_vlite(tmp_path):
 
 
 def test_from_log_bad_input(tmp_path):
-    from vlite.diagnostics.from_log import LogError, analyze_log
+    from vlite.diagnostics.targets.from_log import LogError, analyze_log
 
     with pytest.raises(LogError, match="no stats line"):
         analyze_log(_write(tmp_path, ["INFO hello", "nothing here"]))
@@ -225,8 +225,8 @@ def test_from_log_bad_input(tmp_path):
 
 
 def test_from_log_report_is_written_with_a_single_file_html(tmp_path):
-    from vlite.diagnostics.blackbox_report import write_blackbox_report
-    from vlite.diagnostics.from_log import analyze_log
+    from vlite.diagnostics.report.blackbox_report import write_blackbox_report
+    from vlite.diagnostics.targets.from_log import analyze_log
 
     res = analyze_log(_write(tmp_path, [VLLM_LINE.format(s=i * 10, r=r, w=0, u=u)
                                         for i, (r, u) in enumerate([(4, 1.7), (0, 0.0), (0, 0.0)])]))
@@ -257,7 +257,7 @@ def test_listening_pid_finds_this_process():
 def test_from_log_on_real_server_logs():
     """A real vLLM 0.32 (CPU) log of a clean run, and a real `vlite serve --inject-fault
     skip-free-on-abort --log-stats` log whose idle lines stay above 0."""
-    from vlite.diagnostics.from_log import analyze_log
+    from vlite.diagnostics.targets.from_log import analyze_log
 
     clean = analyze_log(FIX / "vllm-0.32.0-cpu-clean-run.log")
     assert clean.verdict == "CLEAN" and clean.server_kind == "vllm" and clean.info["stats_lines"] == 4
@@ -277,7 +277,7 @@ def test_prefix_cache_occupancy_is_not_used():
 def test_white_box_report_directory_gets_a_single_file_html(tiny_checkpoint, tmp_path):
     from conftest import make_engine
 
-    from vlite.diagnostics.report import write_report
+    from vlite.diagnostics.report.report import write_report
     from vlite.diagnostics.run import run_in_process
 
     engine = make_engine(tiny_checkpoint, num_blocks=32)
@@ -296,7 +296,7 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
 
     import httpx
 
-    from vlite.diagnostics.http_target import TargetError, _wait_ready
+    from vlite.diagnostics.targets.http import TargetError, wait_ready
 
     def client(*statuses):
         answers = iter(statuses)
@@ -304,10 +304,10 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
 
     start = time.time()
     with pytest.raises(TargetError, match="not an LLM server's root URL: GET /health answered HTTP 404"):
-        _wait_ready("http://127.0.0.1:1", client(404), timeout_s=30)
+        wait_ready("http://127.0.0.1:1", client(404), timeout_s=30)
     with pytest.raises(TargetError, match="is not a server URL"):
-        _wait_ready("not-a-url", httpx.Client(), timeout_s=30)
+        wait_ready("not-a-url", httpx.Client(), timeout_s=30)
     assert time.time() - start < 5
-    _wait_ready("http://127.0.0.1:1", client(503, 503, 200), timeout_s=30)  # returns once ready
+    wait_ready("http://127.0.0.1:1", client(503, 503, 200), timeout_s=30)  # returns once ready
     with pytest.raises(TargetError, match="is not ready: HTTP 503"):
-        _wait_ready("http://127.0.0.1:1", client(*[503] * 100), timeout_s=0.5)
+        wait_ready("http://127.0.0.1:1", client(*[503] * 100), timeout_s=0.5)

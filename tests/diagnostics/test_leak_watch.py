@@ -19,9 +19,10 @@ import httpx
 import pytest
 from serve_harness import ServerProcess, read_metrics, running, wait_drained
 
-from vlite.diagnostics.blackbox import connect
+from vlite.diagnostics.report.watch_report import write_watch_report
 from vlite.diagnostics.targets.adapters import MetricsReading
-from vlite.diagnostics.watch import Watcher, watch
+from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.watch import Watcher, watch
 
 VLITE = str(Path(sys.executable).with_name("vlite"))
 
@@ -83,7 +84,8 @@ def test_watch_stays_clean_on_a_clean_server_and_sends_no_request(clean, tmp_pat
         time.sleep(s)
 
     t = threading.Thread(target=lambda: out.setdefault("res", watch(
-        conn, interval_s=0.1, report=tmp_path / "report", on_line=lines.append, sleep=sleep)))
+        conn, interval_s=0.1, on_report=lambda r: write_watch_report(r, tmp_path / "report"), on_line=lines.append,
+        sleep=sleep)))
     t.start()
     time.sleep(1.0)  # the baseline idle point
     for i in range(3):

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vlite.diagnostics import plots
-from vlite.diagnostics.client import IdlePoint, ReplayResult
-from vlite.diagnostics.detect import Trend
+from vlite.diagnostics.checks.detect import Trend
+from vlite.diagnostics.report import plots
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult
 
 MIB = 1 << 20
 

@@ -12,8 +12,8 @@ import pytest
 import serve_harness
 from serve_harness import ServerProcess, running
 
-from vlite.diagnostics.blackbox import connect
-from vlite.diagnostics.zombie_blackbox import (
+from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.zombie_blackbox import (
     _measure,
     _Scrape,
     judge,

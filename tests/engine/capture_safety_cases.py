@@ -28,9 +28,9 @@ if not ON_GPU:
         raise RuntimeError("run this file with TRITON_INTERPRET=1 (as tests/engine/test_capture_safety.py does)")
     os.environ["TRITON_INTERPRET"] = "1"
 
-from vlite.engine.cuda_graphs import DecodeGraphRunner, pick_bucket  # noqa: E402 (the interpreter flag must be set first)
-from vlite.engine.loader import LoadedCheckpoint  # noqa: E402
-from vlite.engine.model_runner import ModelRunner, StepInput  # noqa: E402
+from vlite.engine.worker.cuda_graphs import DecodeGraphRunner, pick_bucket  # noqa: E402 (the interpreter flag must be set first)
+from vlite.engine.worker.loader import LoadedCheckpoint  # noqa: E402
+from vlite.engine.worker.model_runner import ModelRunner, StepInput  # noqa: E402
 from vlite.kernels import torch_ref  # noqa: E402
 from vlite.kernels import triton_store_kvcache as tsk  # noqa: E402
 from vlite.kernels.fused_ops import TorchOps  # noqa: E402

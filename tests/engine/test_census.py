@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from vlite.engine.census import request_census
-from vlite.engine.sequence import SeqId
+from vlite.engine.core.sequence import SeqId
 
 
 class _Holder:
@@ -133,9 +133,9 @@ _PLANT = {
     "scheduler.running": lambda e, s: e.scheduler.running.append(s),
     "engine.groups": lambda e, s: e.scheduler.requests.__setitem__(
         "other-id", _Holder(request_id="other-id", live=[s])),
-    "block_tables": lambda e, s: e.scheduler.block_manager.block_tables.__setitem__(s.seq_id, [0]),
-    "prefix_hash_progress": lambda e, s: e.scheduler.block_manager._num_hashed.__setitem__(s.seq_id, 1),
-    "ledger.held": lambda e, s: e.scheduler.block_manager.ledger._held.__setitem__((s.seq_id, 0), None),
+    "block_tables": lambda e, s: e.scheduler.kv_cache_manager.block_tables.__setitem__(s.seq_id, [0]),
+    "prefix_hash_progress": lambda e, s: e.scheduler.kv_cache_manager._num_hashed.__setitem__(s.seq_id, 1),
+    "ledger.held": lambda e, s: e.scheduler.kv_cache_manager.ledger._held.__setitem__((s.seq_id, 0), None),
     "structured_output.matchers": lambda e, s: e.scheduler.structured_output.matchers.__setitem__(s.seq_id, None),
 }
 # pending_copies holds (src, dst) block ids with no request identity: only the registry sees it.
@@ -151,7 +151,7 @@ def test_every_registered_map_is_planted_here_or_said_to_be_registry_only():
 @pytest.mark.parametrize("registry", sorted(_PLANT))
 def test_the_census_finds_an_ended_entry_in_every_registered_map(idle_engine, registry):
     from vlite.engine import EngineView, SamplingParams
-    from vlite.engine.sequence import RequestOrigin, Sequence
+    from vlite.engine.core.sequence import RequestOrigin, Sequence
 
     seq = Sequence("cz-0", "x", [1, 2], SamplingParams(max_tokens=1), RequestOrigin("cz-0"))
     saved = _state(idle_engine)
@@ -165,13 +165,13 @@ def test_the_census_finds_an_ended_entry_in_every_registered_map(idle_engine, re
 
 
 def _state(engine):
-    s, bm = engine.scheduler, engine.scheduler.block_manager
+    s, bm = engine.scheduler, engine.scheduler.kv_cache_manager
     return (dict(s.requests), list(s.waiting), list(s.running), dict(bm.block_tables), dict(bm._num_hashed),
             dict(bm.ledger._held), dict(s.structured_output.matchers))
 
 
 def _restore(engine, saved):
-    s, bm = engine.scheduler, engine.scheduler.block_manager
+    s, bm = engine.scheduler, engine.scheduler.kv_cache_manager
     for live, old in zip((s.requests, s.waiting, s.running, bm.block_tables, bm._num_hashed, bm.ledger._held,
                           s.structured_output.matchers), saved):
         live.clear()

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from conftest import build_tiny_model_dir, make_engine
 
 from vlite.engine.config import EngineConfig
-from vlite.engine.loader import load_checkpoint
-from vlite.engine.models import linear as linear_mod
-from vlite.engine.models.linear import Linear, onednn_gemm_available, resolve_cpu_gemm_backend
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
+from vlite.engine.worker.models import linear as linear_mod
+from vlite.engine.worker.models.linear import Linear, onednn_gemm_available, resolve_cpu_gemm_backend
 from vlite.kernels import cpu_gemm
 
 

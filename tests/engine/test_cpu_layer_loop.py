@@ -1,4 +1,4 @@
-"""The decoder layers as one C++ call per step (vlite/engine/models/cpu_layer_loop.py) against the
+"""The decoder layers as one C++ call per step (vlite/engine/worker/models/cpu_layer_loop.py) against the
 Python loop over the same kernels: the same hidden states and KV caches bit for bit, and which
 models and steps it takes."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, make_engine
 
-from vlite.engine.loader import load_checkpoint
-from vlite.engine.model_runner import StepInput
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
+from vlite.engine.worker.model_runner import StepInput
 from vlite.kernels import cpu_gemm, torch_ref
 
 

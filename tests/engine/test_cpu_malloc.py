@@ -1,4 +1,4 @@
-"""glibc malloc settings for the CPU engine (vlite/engine/cpu_malloc.py)."""
+"""glibc malloc settings for the CPU engine (vlite/engine/worker/cpu_malloc.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from vlite.engine import cpu_malloc
+from vlite.engine.worker import cpu_malloc
 
 # Growing step-sized buffers, as a forward's activations grow with the batch: with glibc's
 # default each new size above its (dynamic) mmap threshold is mapped afresh and faulted in page
 # by page; with the tuned thresholds the heap keeps what was freed and only the growth faults.
 _GROWING_BUFFERS = """
 import resource, sys, torch
-from vlite.engine.cpu_malloc import tune_malloc
+from vlite.engine.worker.cpu_malloc import tune_malloc
 tuned = tune_malloc()
 start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for mib in range(1, 25):
@@ -62,7 +62,7 @@ def test_the_engine_refuses_a_bad_value_before_loading_anything(tiny_checkpoint,
 def test_every_switch_is_checked_before_the_weights_load(tiny_checkpoint, monkeypatch, name, value):
     from conftest import make_engine
 
-    import vlite.engine.model_runner as model_runner
+    import vlite.engine.worker.model_runner as model_runner
 
     def must_not_build(*a, **k):
         raise AssertionError(f"the model was built although {name}={value!r} is refused")
@@ -80,6 +80,6 @@ def test_an_empty_switch_means_unset(monkeypatch):
     assert cpu_malloc.malloc_choice() == "tuned"
     assert env_choice("VLITE_CPU_MALLOC", ("tuned", "default"), "tuned") == "tuned"
     monkeypatch.setenv("VLITE_CPU_GEMM", "")
-    from vlite.engine.models.linear import resolve_cpu_gemm_backend
+    from vlite.engine.worker.models.linear import resolve_cpu_gemm_backend
 
     assert resolve_cpu_gemm_backend(None) in ("vlite", "onednn", "torch")

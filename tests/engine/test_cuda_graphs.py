@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.engine.cuda_graphs import DecodeGraphRunner, decode_buckets, pick_bucket
+from vlite.engine.core.sched_output import ScheduledSequence, SchedulerOutput
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import ScheduledSequence, SchedulerOutput
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.worker.cuda_graphs import DecodeGraphRunner, decode_buckets, pick_bucket
 
 
 def test_decode_buckets():
@@ -41,7 +41,7 @@ def test_padded_bucket_gives_the_unpadded_hidden_states_and_leaves_the_cache_alo
         engine.step()
     sched = engine.scheduler.schedule()  # the next step: three decodes (their slots allocated)
     assert [item.num_new_tokens for item in sched.scheduled] == [1, 1, 1]
-    input_ids, positions, meta, _ = engine.model_runner.prepare(sched, engine.scheduler.block_manager.block_tables)
+    input_ids, positions, meta, _ = engine.model_runner.prepare(sched, engine.scheduler.kv_cache_manager.block_tables)
     assert meta.num_decodes == 3
     runner = engine.model_runner
     graphs = DecodeGraphRunner(runner.model, runner.kv_caches, engine.block_size, max_num_seqs=6,

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.engine import model_runner
-from vlite.engine.sampler import argmax_on_device, plain_greedy, sample
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.worker import model_runner
+from vlite.engine.worker.sampler import argmax_on_device, plain_greedy, sample
 
 
 def _seq(**params) -> Sequence:

@@ -8,8 +8,8 @@ from conftest import make_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vlite.engine.core.sequence import FinishReason, RequestOrigin, SequenceStatus
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
 
 
 def assert_all_free(engine):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir, make_engine
 
-from vlite.engine.loader import load_checkpoint
-from vlite.engine.models.linear import resolve_cpu_gemm_backend
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
+from vlite.engine.worker.models.linear import resolve_cpu_gemm_backend
 
 TINY_PROMPTS = [
     "Hello",

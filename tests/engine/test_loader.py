@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vlite.engine import loader
+from vlite.engine.worker import loader
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""logit_bias, allowed_token_ids and bad_words in the engine (vlite/engine/logits_processors.py)."""
+"""logit_bias, allowed_token_ids and bad_words in the engine (vlite/engine/worker/logits_processors.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import make_engine
 
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.llm_engine import RequestRejectedError
-from vlite.engine.logits_processors import bad_word_token_ids, build_logits_processor
-from vlite.engine.sampler import sample
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin, Sequence
+from vlite.engine.worker.logits_processors import bad_word_token_ids, build_logits_processor
+from vlite.engine.worker.sampler import sample
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
@@ -71,7 +71,7 @@ def test_bad_words_single_and_multi_token(engine, tiny_checkpoint):
 
 def test_bad_word_prefix_rule_masks_only_after_prefix():
     """Unit: the last token of a multi-token word is masked only right after its prefix."""
-    from vlite.engine.logits_processors import LogitsProcessor
+    from vlite.engine.worker.logits_processors import LogitsProcessor
 
     proc = LogitsProcessor(bad_words=[(7, 8)])
     seq = Sequence("r", None, [1, 2], SamplingParams(), RequestOrigin("r"))

@@ -58,15 +58,15 @@ def test_prompt_logprobs_match_hf_with_and_without_prefix_cache(tiny_checkpoint,
     plain = SamplingParams(max_tokens=2, temperature=0.0)
     out = engine.generate([PROMPT], plain)[0]
     assert out.prompt_logprobs is None  # not asked for
-    hits_before = engine.scheduler.block_manager.prefix_cache_hits
+    hits_before = engine.scheduler.kv_cache_manager.prefix_cache_hits
     # the prompt's full blocks are cached now; asking for prompt logprobs recomputes them
     asked = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=3)
     out = engine.generate([PROMPT], asked)[0]
     check_against_hf(hf_model, ids, out.prompt_logprobs, 3)
-    assert engine.scheduler.block_manager.prefix_cache_hits == hits_before, "the prefix cache was read"
+    assert engine.scheduler.kv_cache_manager.prefix_cache_hits == hits_before, "the prefix cache was read"
     # a request without prompt logprobs still reads the cache afterwards
     engine.generate([PROMPT], plain)
-    assert engine.scheduler.block_manager.prefix_cache_hits > hits_before
+    assert engine.scheduler.kv_cache_manager.prefix_cache_hits > hits_before
     # a fresh engine (nothing cached), one chunk for the whole prompt, k = 0: only the prompt tokens
     fresh = make_engine(tiny_checkpoint)
     out = fresh.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))[0]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.engine.sampler import _truncate, draw
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.sampler import _truncate, draw
 
 
 def test_seeded_requests_reproduce_in_any_batch(tiny_checkpoint):

@@ -8,38 +8,16 @@ the beam-search deadlock escape and the one free path from every state.
 from __future__ import annotations
 
 import pytest
+from utils import fake_result, held_blocks, make_scheduler, make_seq
 
-from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler, SchedulerOutput
-from vlite.engine.sequence import FinishReason, RequestOrigin, Sequence, SequenceStatus
-
-BLOCK = 4
-
-
-def make_scheduler(num_blocks: int = 32, budget: int = 64, max_num_seqs: int = 8,
-                   prefix_caching: bool = False) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs),
-                     CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching), num_blocks)
-
-
-def make_seq(request_id: str, prompt: list[int], max_tokens: int = 8) -> Sequence:
-    return Sequence(request_id, None, prompt, SamplingParams(max_tokens=max_tokens), RequestOrigin(request_id))
+from vlite.engine.core.sched_output import SchedulerOutput
+from vlite.engine.core.scheduler import Scheduler
+from vlite.engine.core.sequence import FinishReason, SequenceStatus
 
 
 def fake_runner_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
-    """What the engine does after a forward: advance computed tokens, cache full blocks and
-    append one sampled token to each sequence whose chunk reached its end."""
-    for item in out.scheduled:
-        item.seq.num_computed_tokens += item.num_new_tokens
-        sched.block_manager.cache_full_blocks(item.seq)
-        if item.sample:
-            item.seq.output_token_ids.append(token)
-
-
-def held_blocks(sched: Scheduler) -> int:
-    """Blocks held by live sequences (free and cached-evictable blocks excluded)."""
-    return sched.block_manager.num_used_blocks
+    """Book the step through the scheduler's own ``update_from_output`` with a fake runner output."""
+    sched.update_from_output(out, fake_result(out, token))
 
 
 def test_chunked_prefill_spends_the_token_budget_and_samples_only_on_the_last_chunk():
@@ -57,7 +35,7 @@ def test_chunked_prefill_spends_the_token_budget_and_samples_only_on_the_last_ch
     # the next step is a 1-token decode that needs no new block until position 44
     out = sched.schedule()
     assert [(s.seq, s.num_new_tokens, s.sample) for s in out.scheduled] == [(seq, 1, True)]
-    assert len(sched.block_manager.get_block_table(seq.seq_id)) == 11  # ceil(41 / 4)
+    assert len(sched.kv_cache_manager.get_block_table(seq.seq_id)) == 11  # ceil(41 / 4)
 
 
 def test_decodes_come_before_prefills_and_waiting_joins_in_arrival_order_within_max_num_seqs():
@@ -96,7 +74,7 @@ def test_preemption_takes_the_latest_arrival_frees_its_blocks_and_requeues_it_fi
     assert b.status is SequenceStatus.PREEMPTED and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert sched.num_preemptions_total == 1
     assert list(sched.waiting) == [b, c]  # front of the queue, ahead of the newer c
-    assert sched.block_manager.get_block_table(b.seq_id) == []
+    assert sched.kv_cache_manager.get_block_table(b.seq_id) == []
     assert held_blocks(sched) == 4  # a's 4 blocks; b's 3 went back to the free list
     # nothing new joins in a step that preempted
     assert c.status is SequenceStatus.WAITING
@@ -123,7 +101,7 @@ def test_prefix_hits_are_counted_and_skip_the_cached_tokens():
     sched.add_sequence(a)
     fake_runner_step(sched, sched.schedule())
     sched.finish_sequence(a, FinishReason.STOP)
-    bm = sched.block_manager
+    bm = sched.kv_cache_manager
     assert bm.num_cached_blocks == 3 and held_blocks(sched) == 0  # cached blocks are free, not held
     b = make_seq("b", prompt[:12] + [99])  # same 3 full blocks, different last token
     sched.add_sequence(b)
@@ -147,7 +125,7 @@ def test_beam_deadlock_escape_preempts_all_running_and_groups_siblings():
     fake_runner_step(sched, out)
     # a's beams (forks) wait for logits: every running sequence has nothing to run this step
     child = a.fork(1)
-    sched.block_manager.fork(a, child)
+    sched.kv_cache_manager.fork(a, child)
     sched.add_forked(child)
     a.num_computed_tokens = child.num_computed_tokens = a.num_tokens
     w1, w2 = make_seq("w", [2] * 40), make_seq("x", [3] * 4)
@@ -180,7 +158,7 @@ def test_abort_in_every_state_goes_through_the_one_free_path(state):
     aborted = sched.abort("a")
     assert aborted == [a] and a.finish_reason is FinishReason.ABORT
     assert "a" not in sched.requests and a not in sched.running and a not in sched.waiting
-    assert sched.block_manager.get_block_table(a.seq_id) == []
+    assert sched.kv_cache_manager.get_block_table(a.seq_id) == []
     assert sched.abort("a") == []  # idempotent
     sched.abort("b")
-    assert held_blocks(sched) == 0 and not sched.requests and not sched.block_manager.ledger.held()
+    assert held_blocks(sched) == 0 and not sched.requests and not sched.kv_cache_manager.ledger.held()

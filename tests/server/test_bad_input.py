@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 from vlite.cli.main import app
 from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.llm_engine import RequestRejectedError
-from vlite.engine.loader import ModelNotFoundError, resolve_model
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import ModelNotFoundError, resolve_model
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -16,8 +16,8 @@ import pytest
 from conftest import build_tiny_model_dir, make_engine
 from serve_harness import ServerProcess, read_metrics, running, wait_drained, wait_until
 
-from vlite.engine.loader import load_checkpoint
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
 
 API_KEY = "sk-vlite-test"
 MODEL = "tiny-llama"

@@ -14,10 +14,10 @@ import pytest
 from conftest import build_tiny_model_dir, make_engine
 from serve_harness import ServerProcess
 
-from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest
+from vlite.engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest
+from vlite.engine.core.sequence import RequestOrigin
 from vlite.engine.llm_engine import RequestRejectedError
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.sequence import RequestOrigin
 from vlite.entrypoints.api_server import create_app
 from vlite.entrypoints.state import ServerSettings
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import build_tiny_model_dir, make_engine
 from serve_harness import ServerProcess, running, wait_drained
 
-from vlite.engine.loader import load_checkpoint
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
 
 PROMPT = "The paged KV cache holds blocks of sixteen tokens each, shared by prefix"
 TOL = 1e-4

@@ -15,8 +15,8 @@ import pytest
 from conftest import build_tiny_model_dir, make_engine
 from serve_harness import ServerProcess, running, wait_drained
 
-from vlite.engine.loader import load_checkpoint
 from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.worker.loader import load_checkpoint
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(100, 137)), [7] * 9]
 

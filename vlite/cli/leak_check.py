@@ -116,7 +116,7 @@ def leak_check(
                                                "request per client action after the waves (0 = no zombie check)."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
-    from vlite.diagnostics.actions import ABORT_MODES
+    from vlite.diagnostics.workload.actions import ABORT_MODES
     from vlite.engine import FAULTS
 
     console = common.make_console()
@@ -153,7 +153,7 @@ def leak_check(
         from vlite.cli.leak_check_blackbox import run_from_log
 
         sys.exit(run_from_log(from_log, console, report))
-    from vlite.diagnostics.all_paths import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from vlite.diagnostics.workload.all_paths import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     if max_num_batched_tokens is None:
         max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS if workload == "all-paths" and not scenario else 2048
@@ -172,7 +172,7 @@ def leak_check(
                            wave_size=_default_wave(n_specs, idle_every) if n_specs else None)
     every = _default_wave(len(specs), idle_every)
     if url:
-        from vlite.diagnostics.actions import IN_PROCESS_ONLY
+        from vlite.diagnostics.workload.actions import IN_PROCESS_ONLY
 
         bad = next((s for s in specs if s.action.kind in IN_PROCESS_ONLY), None)
         if bad is not None:
@@ -191,7 +191,7 @@ def leak_check(
                                       drain_timeout=drain_timeout, bisect_budget=bisect_budget,
                                       server_pid=server_pid, t_start=t_start,
                                       zombie_max_tokens=zombie_max_tokens, zombie_threshold_s=zombie_threshold_s))
-        from vlite.diagnostics.http_target import TargetError, run_http
+        from vlite.diagnostics.targets.http import TargetError, run_http
 
         with graceful_interrupt("the replay") as stop:
             try:
@@ -203,8 +203,8 @@ def leak_check(
             _finish(run, console, report)
         sys.exit(exit_code(run.findings.verdict))
     else:
-        from vlite.diagnostics.all_paths import suggest_num_blocks
         from vlite.diagnostics.run import run_in_process
+        from vlite.diagnostics.workload.all_paths import suggest_num_blocks
 
         if workload == "all-paths" and engine_args.num_blocks is None and engine_args.kv_cache_memory_bytes is None:
             # small enough to preempt
@@ -249,11 +249,11 @@ def _check_writable(report: Path) -> None:
 
 def _load_workload(workload, num_requests, input_len, output_len, request_rate, abort_rate, abort_mode, seed,
                    count_tokens, n=1, in_process=True, wave_size=None):
-    from vlite.diagnostics import workload as wl
+    from vlite.diagnostics.workload import sources as wl
 
     try:
         if workload == "all-paths":
-            from vlite.diagnostics.all_paths import all_paths_workload
+            from vlite.diagnostics.workload.all_paths import all_paths_workload
 
             return all_paths_workload(num_requests, input_len=input_len, output_len=output_len,
                                       request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
@@ -279,7 +279,7 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
 
 
 def _finish(run, console: Console, report: Path | None) -> None:
-    from vlite.diagnostics.report import print_report, print_verdict, write_report
+    from vlite.diagnostics.report.report import print_report, print_verdict, write_report
 
     print_report(run, console)
     replay_s, total_s = run.info.get("replay_s"), run.info.get("total_s")

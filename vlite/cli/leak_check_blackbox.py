@@ -16,8 +16,8 @@ from vlite.cli import common
 
 def connect_or_fail(url: str, server_kind: str, api_key: str | None):
     """Connect to ``url`` and detect its kind; a one-line error and exit 2 when that fails."""
-    from vlite.diagnostics.blackbox import connect
-    from vlite.diagnostics.http_target import TargetError
+    from vlite.diagnostics.targets.blackbox import connect
+    from vlite.diagnostics.targets.http import TargetError
 
     try:
         return connect(url, server_kind, api_key)
@@ -26,7 +26,7 @@ def connect_or_fail(url: str, server_kind: str, api_key: str | None):
 
 
 def _finish(res, console: Console, report: Path | None) -> int:
-    from vlite.diagnostics.blackbox_report import print_blackbox, print_blackbox_verdict, write_blackbox_report
+    from vlite.diagnostics.report.blackbox_report import print_blackbox, print_blackbox_verdict, write_blackbox_report
 
     print_blackbox(res, console)
     if report is not None:
@@ -46,8 +46,8 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
                      interval_s: float, drain_timeout: float, bisect_budget: float, server_pid: int | None,
                      t_start: float, zombie_max_tokens: int = 0, zombie_threshold_s: float = 1.0) -> int:
     """Design the waves, run the black-box check, print and write the report; returns the exit code."""
-    from vlite.diagnostics.actions import ABORT_KINDS
-    from vlite.diagnostics.blackbox import design_waves, run_blackbox, split_waves
+    from vlite.diagnostics.targets.blackbox import design_waves, run_blackbox, split_waves
+    from vlite.diagnostics.workload.actions import ABORT_KINDS
 
     if workload.endswith(".jsonl"):
         waves = split_waves(specs, idle_every if idle_every is not None else max(1, -(-len(specs) // 8)))
@@ -65,7 +65,7 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
                        bisect_budget_s=bisect_budget, sample_interval_s=interval_s, server_pid=server_pid, url=url,
                        seed=seed, info=info)
     if zombie_max_tokens and res.verdict != "INCONCLUSIVE":
-        from vlite.diagnostics.zombie_blackbox import apply_to, zombie_check_blackbox
+        from vlite.diagnostics.targets.zombie_blackbox import apply_to, zombie_check_blackbox
 
         console.print(f"zombie check: one early-leaving request per client action, max_tokens {zombie_max_tokens}",
                       highlight=False)
@@ -80,7 +80,7 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
 
 def run_from_log(path: Path, console: Console, report: Path | None) -> int:
     """``--from-log``: read the stats lines, decide, print and write the report; returns the exit code."""
-    from vlite.diagnostics.from_log import LogError, analyze_log
+    from vlite.diagnostics.targets.from_log import LogError, analyze_log
 
     try:
         res = analyze_log(path)

@@ -25,7 +25,7 @@ def _print_line(console: Console):
 
 
 def _finish(res, console: Console, report: Path | None) -> int:
-    from vlite.diagnostics.watch import write_watch_report
+    from vlite.diagnostics.report.watch_report import write_watch_report
 
     for n in res.notes:
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
@@ -45,7 +45,8 @@ def run_watch_cli(url: str, console: Console, report: Path | None, *, server_kin
                   server_pid: int | None, interval_s: float, duration_s: float | None, stuck_after_s: float) -> int:
     """``--watch``: connect, scrape until ``duration_s`` or Ctrl-C, print, write the report."""
     from vlite.cli.leak_check_blackbox import connect_or_fail
-    from vlite.diagnostics.watch import watch
+    from vlite.diagnostics.report.watch_report import write_watch_report
+    from vlite.diagnostics.targets.watch import watch
 
     conn = connect_or_fail(url, server_kind, api_key)
     until = f"for {duration_s:g} s" if duration_s else "until Ctrl-C"
@@ -55,7 +56,8 @@ def run_watch_cli(url: str, console: Console, report: Path | None, *, server_kin
 
     # The first Ctrl-C ends the watch and writes the report; a second exits at once (130).
     with graceful_interrupt("the watch") as stop:
-        res = watch(conn, interval_s=interval_s, duration_s=duration_s, stuck_after_s=stuck_after_s, report=report,
+        write = (lambda r: write_watch_report(r, report)) if report is not None else None
+        res = watch(conn, interval_s=interval_s, duration_s=duration_s, stuck_after_s=stuck_after_s, on_report=write,
                     on_line=_print_line(console), server_pid=server_pid, stop=stop)
         return _finish(res, console, report)
 
@@ -63,7 +65,7 @@ def run_watch_cli(url: str, console: Console, report: Path | None, *, server_kin
 def run_prometheus_cli(prometheus: str, job: str | None, since: str, console: Console, report: Path | None, *,
                        instance: str | None, server_kind: str, step_s: float | None, stuck_after_s: float) -> int:
     """``--prometheus``: query the range, judge it, print, write the report."""
-    from vlite.diagnostics.prometheus_range import PrometheusError, judge_range, parse_since
+    from vlite.diagnostics.targets.prometheus_range import PrometheusError, judge_range, parse_since
 
     if not job:
         common.fail("--prometheus needs --job NAME (the job_name of the scrape config that scrapes the server)")

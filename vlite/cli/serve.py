@@ -18,7 +18,7 @@ import uvicorn
 
 from vlite.cli import common
 from vlite.engine import EngineArgs
-from vlite.entrypoints.http_protocol import DEFAULT_HEADER_READ_TIMEOUT_S
+from vlite.entrypoints.header_timeout import DEFAULT_HEADER_READ_TIMEOUT_S
 from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
 DEFAULT_LIMIT_CONCURRENCY = 1024
@@ -70,7 +70,7 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API."""
     from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine, ModelNotFoundError, check_engine_config
     from vlite.entrypoints.api_server import create_app
-    from vlite.entrypoints.http_protocol import with_header_timeout
+    from vlite.entrypoints.header_timeout import with_header_timeout
     from vlite.entrypoints.state import ServerSettings
 
     config = common.create_engine_config(engine_args)
@@ -98,7 +98,7 @@ def serve(
         exit_code = 1
         server.should_exit = True
 
-    if frontend_multiprocessing:  # the engine core in its own process (vlite.engine.engine_core)
+    if frontend_multiprocessing:  # the engine core in its own process (vlite.engine.serving.engine_core)
         app = create_app(settings, None, on_fatal=on_fatal, core_config=config)
     else:
         app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)

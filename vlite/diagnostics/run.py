@@ -1,6 +1,6 @@
 """One leak-check run: replay a workload while sampling, drain, snapshot, detect.
 
-``run_in_process`` drives an LLMEngine in this process; ``vlite.diagnostics.http_target``
+``run_in_process`` drives an LLMEngine in this process; ``vlite.diagnostics.targets.http``
 does the same against a running ``vlite serve``.
 """
 
@@ -9,27 +9,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
-import pandas as pd
-
-from vlite.diagnostics import snapshot
-from vlite.diagnostics.client import InProcessClient, ReplayResult
-from vlite.diagnostics.detect import Findings, detect
-from vlite.diagnostics.host_memory import anon_swap_bytes, host_memory_check
-from vlite.diagnostics.samplers import MemoryProbe, Sampler, view_block_stats
-from vlite.diagnostics.workload import RequestSpec
+from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.detect import detect
+from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
+from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.targets.inprocess import InProcessClient
+from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
+from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient
-
-
-@dataclass
-class RunResult:
-    """A finished run: findings, samples (DataFrame), the client's results and run facts."""
-
-    findings: Findings
-    samples: pd.DataFrame
-    replay: ReplayResult
-    info: dict = field(default_factory=dict)
 
 
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
@@ -43,8 +31,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     ends the replay early: the run is drained for a few seconds and its findings say
     INTERRUPTED, with every sample taken so far.
     """
-    from vlite.diagnostics.calibrate import calibrate, engine_greedy, needs_calibration
-    from vlite.diagnostics.registries import sizes_source
+    from vlite.diagnostics.checks.registries import sizes_source
+    from vlite.diagnostics.workload.calibrate import calibrate, engine_greedy, needs_calibration
     from vlite.engine import EngineView
 
     view = EngineView(engine)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vlite.diagnostics.actions import ClientAction
-from vlite.diagnostics.run import RunResult, run_in_process
-from vlite.diagnostics.workload import RequestSpec, synthetic_prompt
+from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.workload.actions import ClientAction
+from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def _beam_pressure() -> list[RequestSpec]:
 def _shared_prefix_aborts() -> list[RequestSpec]:
     from dataclasses import replace
 
-    from vlite.diagnostics.workload import shared_prefix
+    from vlite.diagnostics.workload.sources import shared_prefix
 
     pre = shared_prefix("scenario", 48)
     actions = ["complete", "abort-waiting", "abort-prefill", "abort-after-tokens:2", "disconnect-stream:3",
@@ -156,7 +157,7 @@ def _stop_strings() -> list[RequestSpec]:
 def _chat_eos() -> list[RequestSpec]:
     from dataclasses import replace
 
-    from vlite.diagnostics.all_paths import CHAT_MESSAGES
+    from vlite.diagnostics.workload.all_paths import CHAT_MESSAGES
 
     actions = ["complete", "abort-after-tokens:2", "complete", "disconnect-stream:1", "complete", "complete"]
     return [replace(_spec(i, 8, 48, a, prefix="eos"), prompt=CHAT_MESSAGES[i], chat=True, ignore_eos=False)

@@ -8,7 +8,6 @@ imports engine names from here only. Names whose modules load torch or transform
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from vlite.engine.arg_utils import EngineArgs
@@ -20,8 +19,8 @@ from vlite.engine.config import (
     ParallelConfig,
     SchedulerConfig,
 )
-from vlite.engine.faults import FAULTS, FaultSet
-from vlite.engine.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
+from vlite.engine.core.faults import FAULTS, FaultSet
+from vlite.engine.core.sequence import FinishReason, RequestOrigin, SequenceStatus
 from vlite.engine.metrics import BlockStats, EngineStats
 from vlite.engine.outputs import CompletionOutput, RequestOutput
 from vlite.engine.protocol import EngineClient
@@ -36,15 +35,31 @@ from vlite.engine.sampling_params import (
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     SamplingParams,
+    StructuredOutputsParams,
 )
-from vlite.engine.sequence import FinishReason, RequestOrigin, SequenceStatus
-from vlite.engine.structured_output_params import StructuredOutputsParams
+from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
+from vlite.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from vlite.engine.async_engine import AsyncLLMEngine, EngineNotRunningError, EngineRequest, RequestStreamGroup
-    from vlite.engine.core_client import EngineCoreStartError, MPAsyncLLMEngine
-    from vlite.engine.introspection import ASYNC_REGISTRIES, HISTORIES, REGISTRIES, EngineInfo, EngineView
+    from vlite.engine.introspection import (
+        ASYNC_REGISTRIES,
+        HISTORIES,
+        REGISTRIES,
+        EngineInfo,
+        EngineView,
+        blocks_document,
+        view_dict,
+    )
     from vlite.engine.llm_engine import LLMEngine, RequestRejectedError, check_engine_config, derive_max_model_len
+    from vlite.engine.serving import (
+        AsyncEngineClient,
+        AsyncLLMEngine,
+        EngineCoreStartError,
+        EngineNotRunningError,
+        EngineRequest,
+        MPAsyncLLMEngine,
+        RequestStreamGroup,
+    )
 
 # Public name -> the module that defines it, imported on first access (these load torch).
 _LAZY = {
@@ -52,28 +67,24 @@ _LAZY = {
     "RequestRejectedError": "vlite.engine.llm_engine",
     "check_engine_config": "vlite.engine.llm_engine",
     "derive_max_model_len": "vlite.engine.llm_engine",
-    "AsyncLLMEngine": "vlite.engine.async_engine",
-    "EngineNotRunningError": "vlite.engine.async_engine",
-    "EngineRequest": "vlite.engine.async_engine",
-    "RequestStreamGroup": "vlite.engine.async_engine",
-    "MPAsyncLLMEngine": "vlite.engine.core_client",
-    "EngineCoreStartError": "vlite.engine.core_client",
+    "AsyncEngineClient": "vlite.engine.serving",
+    "AsyncLLMEngine": "vlite.engine.serving",
+    "EngineNotRunningError": "vlite.engine.serving",
+    "EngineRequest": "vlite.engine.serving",
+    "RequestStreamGroup": "vlite.engine.serving",
+    "MPAsyncLLMEngine": "vlite.engine.serving",
+    "EngineCoreStartError": "vlite.engine.serving",
     "EngineView": "vlite.engine.introspection",
     "EngineInfo": "vlite.engine.introspection",
     "REGISTRIES": "vlite.engine.introspection",
     "ASYNC_REGISTRIES": "vlite.engine.introspection",
     "HISTORIES": "vlite.engine.introspection",
+    "blocks_document": "vlite.engine.introspection",
+    "view_dict": "vlite.engine.introspection",
 }
 
 
-def __getattr__(name: str):
-    """PEP 562: import a torch-heavy public name on first use (AttributeError for others)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vlite.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+__getattr__ = lazy_getattr("vlite.engine", globals(), _LAZY)
 
 
 def __dir__() -> list[str]:
@@ -82,6 +93,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ASYNC_REGISTRIES",
+    "AsyncEngineClient",
     "AsyncLLMEngine",
     "BlockStats",
     "CacheConfig",
@@ -126,6 +138,8 @@ __all__ = [
     "check_engine_config",
     "derive_max_model_len",
     "StructuredOutputsParams",
+    "blocks_document",
+    "view_dict",
     "load_checkpoint",
     "resolve_model",
 ]

@@ -21,7 +21,7 @@ from vlite.engine.config import (
     ParallelConfig,
     SchedulerConfig,
 )
-from vlite.engine.faults import FAULTS
+from vlite.engine.core.faults import FAULTS
 
 
 def _cli(*flags: str, help: str) -> dict:  # noqa: A002 (the keyword is click's)
@@ -92,7 +92,7 @@ class EngineArgs:
             ValueError: one line naming the bad option, its value and what is allowed
                 (from the config dataclasses' checks and ``FaultSet``).
         """
-        from vlite.engine.faults import FaultSet
+        from vlite.engine.core.faults import FaultSet
 
         FaultSet(tuple(self.inject_faults))  # unknown fault names fail here, before any model loads
         return EngineConfig(

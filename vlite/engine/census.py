@@ -64,7 +64,7 @@ class CensusResult:
     stopped at ``max_objects`` (then some containers may be missing), and the size (entries) of
     every non-empty container reached, by path: a host-memory leak that holds no request id (a
     list of block ids growing per allocation, vllm#44175) shows as a container that keeps growing
-    from one idle point to the next (``diagnostics/host_memory.py``)."""
+    from one idle point to the next (``diagnostics/checks/host_memory.py``)."""
 
     held: tuple[HeldRequestState, ...]
     objects_visited: int
@@ -215,7 +215,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
 def module_roots(prefixes: tuple[str, ...] = ("vlite.engine", "vlite.kernels", "vlite.entrypoints")) -> dict[str, object]:
     """Module-level and class-level containers of the loaded modules under ``prefixes`` (not the
     leak checker's own), as census
-    roots named by their dotted path (``vlite.engine.sampler._CACHE``): state that no instance
+    roots named by their dotted path (``vlite.engine.worker.sampler._CACHE``): state that no instance
     holds (a module cache, a class-level registry) is reached too."""
     import sys
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # On CPU the KV cache is sized by a byte budget (vLLM: --kv-cache-memory-bytes).
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
-# The CPU GEMM of the linear layers (vlite/engine/models/linear.py).
+# The CPU GEMM of the linear layers (vlite/engine/worker/models/linear.py).
 CPU_GEMM_BACKENDS = ("auto", "vlite", "onednn", "torch")
 
 

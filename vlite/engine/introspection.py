@@ -34,16 +34,17 @@ references), ``ledger.frees`` (as many calls of the free path), and ``prefix_cac
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
-from vlite.engine.block_manager import FreeRecord, LedgerAnomaly, ReleaseRecord
 from vlite.engine.census import CensusResult, module_roots, request_census
+from vlite.engine.core.ledger import FreeRecord, LedgerAnomaly, ReleaseRecord
+from vlite.engine.core.request import RequestRecord
+from vlite.engine.core.sequence import RequestOrigin, SeqId, Sequence
 from vlite.engine.metrics import EngineStats
-from vlite.engine.request import RequestRecord
-from vlite.engine.sequence import RequestOrigin, SeqId, Sequence
 
 # Registry name -> what it holds; empty at idle.
 REGISTRIES: dict[str, str] = {
@@ -178,17 +179,17 @@ class EngineInfo:
 
 
 class EngineView:
-    """Read-only view of an ``LLMEngine`` (and optionally the ``AsyncLLMEngine`` serving it)."""
+    """Read-only view of an ``LLMEngine`` (and optionally the ``EngineLoop`` serving it)."""
 
-    def __init__(self, engine, async_engine=None) -> None:
+    def __init__(self, engine, loop=None) -> None:
         self._engine = engine
-        self._async = async_engine
+        self._loop = loop  # the EngineLoop serving it (vlite.engine.serving), if any: its ``num_live``
 
     def info(self) -> EngineInfo:
         """The engine's fixed facts (they do not change after start)."""
         e = self._engine
         return EngineInfo(e.model_name, e.device.type, e.block_size, e.bytes_per_block,
-                          e.scheduler.block_manager.num_total_blocks, tuple(e.config.inject_faults),
+                          e.scheduler.kv_cache_manager.num_total_blocks, tuple(e.config.inject_faults),
                           e.config.parallel.tensor_parallel_size, tuple(e.executor.worker_pids()))
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
@@ -198,21 +199,21 @@ class EngineView:
     def registries(self) -> dict[str, int]:
         """Sizes (entries) of every per-request registry; all 0 when the engine is idle."""
         e = self._engine
-        sched, bm = e.scheduler, e.scheduler.block_manager
+        sched, bm = e.scheduler, e.scheduler.kv_cache_manager
         sizes = {"scheduler.requests": len(sched.requests), "scheduler.waiting": len(sched.waiting),
                  "scheduler.running": len(sched.running),
                  "engine.groups": sum(len(r) for r in list(sched.requests.values())),
                  "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
                  "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger),
                  "structured_output.matchers": len(sched.structured_output.matchers)}
-        if self._async is not None:
-            sizes["async.live"] = len(self._async._live)
+        if self._loop is not None:
+            sizes["async.live"] = self._loop.num_live
         return sizes
 
     def histories(self) -> dict[str, HistorySize]:
         """Sizes and bounds of the bounded histories (allowed to be non-empty at idle)."""
         e = self._engine
-        bm = e.scheduler.block_manager
+        bm = e.scheduler.kv_cache_manager
         sched = e.scheduler
         keep = sched.finished_history
         reqs = list(sched.requests.values())
@@ -229,7 +230,7 @@ class EngineView:
     def coverage(self) -> Coverage:
         """The coverage counters since the engine started (counts; see ``Coverage``)."""
         e = self._engine
-        bm, sched = e.scheduler.block_manager, e.scheduler
+        bm, sched = e.scheduler.kv_cache_manager, e.scheduler
         return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(sched.finish_counts)),
                         MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
                         sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
@@ -240,15 +241,15 @@ class EngineView:
         e = self._engine
         return EngineSnapshot(e.scheduler.step_counter, MappingProxyType(self.registries()),
                               MappingProxyType(self.histories()), self.coverage(),
-                              e.scheduler.block_manager.num_cached_blocks, e.config.finished_history)
+                              e.scheduler.kv_cache_manager.num_cached_blocks, e.config.finished_history)
 
     def frees(self) -> tuple[FreeRecord, ...]:
-        """The bounded history of calls of the free path (``BlockManager.free``), oldest first."""
-        return tuple(self._engine.scheduler.block_manager.ledger.frees)
+        """The bounded history of calls of the free path (``KVCacheManager.free``), oldest first."""
+        return tuple(self._engine.scheduler.kv_cache_manager.ledger.frees)
 
     def released(self, block_ids: set[int] | None = None) -> tuple[ReleaseRecord, ...]:
         """The release history (oldest first), or only the records of ``block_ids``."""
-        hist = self._engine.scheduler.block_manager.ledger.released
+        hist = self._engine.scheduler.kv_cache_manager.ledger.released
         return tuple(r for r in hist if block_ids is None or r.block_id in block_ids)
 
     def request_history(self, request_ids: set[str] | None = None) -> dict[str, RequestHistory]:
@@ -260,7 +261,7 @@ class EngineView:
             if request_ids is None or rid in request_ids:
                 by_req.setdefault(rid, []).append(rec)
         last_release: dict[str, tuple[float, int]] = {}
-        for r in e.scheduler.block_manager.ledger.released:
+        for r in e.scheduler.kv_cache_manager.ledger.released:
             if r.request_id in by_req:
                 last_release[r.request_id] = (r.time, r.step)
         out = {}
@@ -295,12 +296,12 @@ class EngineView:
         docs/leak-check.md), so never call it inside a step. See ``census.request_census``.
         """
         sched = self._engine.scheduler
-        bm = sched.block_manager
+        bm = sched.kv_cache_manager
         live = self._live_sequences()
         names = {sid: rec.origin.request_id for sid, rec in list(sched.finished_records.items())}
         roots = {"engine": self._engine}
-        if self._async is not None:
-            roots["async_engine"] = self._async
+        if self._loop is not None:
+            roots["async_engine"] = self._loop
         roots.update(extra_roots or {})
         roots.update(module_roots())
         return request_census(roots, ended_request_ids,
@@ -310,7 +311,7 @@ class EngineView:
 
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""
-        bm = self._engine.scheduler.block_manager
+        bm = self._engine.scheduler.kv_cache_manager
         return [{"block_id": b.block_id, "ref_count": b.ref_count} for b in bm.blocks
                 if b.block_id not in bm.free_block_queue or b.ref_count != 0]
 
@@ -332,7 +333,7 @@ class EngineView:
                            num_preemptions_total=sched.num_preemptions_total,
                            prompt_tokens_total=sched.prompt_tokens_total,
                            generation_tokens_total=sched.generation_tokens_total,
-                           num_live_requests=len(sched.requests), blocks=e.scheduler.block_manager.stats(),
+                           num_live_requests=len(sched.requests), blocks=e.scheduler.kv_cache_manager.stats(),
                            coverage=self.coverage())
 
     def ledger(self) -> list[LedgerRecord]:
@@ -342,7 +343,7 @@ class EngineView:
         now = time.time()
         live = self._live_sequences()
         out = []
-        for entry in e.scheduler.block_manager.ledger.held():
+        for entry in e.scheduler.kv_cache_manager.ledger.held():
             rec = e.scheduler.request_record(entry.seq_id)
             seq = live.get(entry.seq_id)
             status = seq.status.value if seq else (rec.status if rec else None)
@@ -353,12 +354,12 @@ class EngineView:
 
     def ledger_anomalies(self) -> list[LedgerAnomaly]:
         """Anomalies the allocation ledger saw (double frees, frees of unowned blocks, ...)."""
-        return self._engine.scheduler.block_manager.ledger.anomalies()
+        return self._engine.scheduler.kv_cache_manager.ledger.anomalies()
 
     def sequences_view(self) -> list[dict]:
         """Every live sequence (all samples and beams of every request): ids, index, status,
         token counts (tokens) and block table. A read-only copy."""
-        tables = self._engine.scheduler.block_manager.block_tables
+        tables = self._engine.scheduler.kv_cache_manager.block_tables
         return [{"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "status": s.status.value,
                  "parent_seq_id": s.parent_seq_id, "num_prompt_tokens": s.num_prompt_tokens,
                  "num_computed_tokens": s.num_computed_tokens, "num_output_tokens": s.num_output_tokens,
@@ -371,7 +372,7 @@ class EngineView:
         and which block tables belong to sequences that already finished."""
         sched = self._engine.scheduler
         live_seq_ids = set(self._live_sequences())
-        tables = list(self._engine.scheduler.block_manager.block_tables)
+        tables = list(self._engine.scheduler.kv_cache_manager.block_tables)
         return {"live_request_ids": list(sched.requests), "block_table_seq_ids": tables,
                 "orphan_block_tables": [sid for sid in tables if sid not in live_seq_ids],
                 "finished_live_requests": [rid for rid, req in sched.requests.items()
@@ -379,11 +380,11 @@ class EngineView:
 
     def block_tables(self) -> dict[int, list[int]]:
         """Block tables (physical block ids) by sequence id, copied."""
-        return {sid: list(t) for sid, t in self._engine.scheduler.block_manager.block_tables.items()}
+        return {sid: list(t) for sid, t in self._engine.scheduler.kv_cache_manager.block_tables.items()}
 
     def ref_counts(self) -> list[int]:
         """Reference count of every block, by block id."""
-        return self._engine.scheduler.block_manager.ref_counts()
+        return self._engine.scheduler.kv_cache_manager.ref_counts()
 
     def request_progress(self, request_id: str) -> dict[str, int | str] | None:
         """Where a live request is, for clients that inject aborts at a given phase.
@@ -400,4 +401,94 @@ class EngineView:
         return {"status": seq.status.value, "seq_id": seq.seq_id, "num_prompt_tokens": seq.num_prompt_tokens,
                 "num_computed_tokens": seq.num_computed_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_preemptions": seq.num_preemptions,
-                "num_blocks": len(self._engine.scheduler.block_manager.get_block_table(seq.seq_id))}
+                "num_blocks": len(self._engine.scheduler.kv_cache_manager.get_block_table(seq.seq_id))}
+
+
+# ---- the /debug/blocks document (written here once; diagnostics and the server read it) ------------
+def _origin(origin: RequestOrigin | None) -> dict | None:
+    return dataclasses.asdict(origin) if origin is not None else None
+
+
+def release_dict(r: ReleaseRecord) -> dict:
+    """One ReleaseRecord as plain data (the allocation entry's site and step flattened)."""
+    e = r.entry
+    return {"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id,
+            "alloc_site": e.site.value if e else None, "alloc_step": e.step if e else None,
+            "path": r.path, "seq_status": r.seq_status, "finish_reason": r.finish_reason,
+            "num_preemptions": r.num_preemptions, "ref_count_after": r.ref_count_after, "step": r.step,
+            "time": r.time, "code_path": r.code_path}
+
+
+def view_dict(view: EngineView) -> dict:
+    """The EngineView's part of the /debug/blocks document as plain JSON-able data (its ``view`` key)."""
+    snap = view.snapshot()
+    return {"registries": dict(snap.registries),
+            "histories": {k: {"size": h.size, "bound": h.bound} for k, h in snap.histories.items()},
+            "coverage": snap.coverage.to_dict(),
+            "released": [release_dict(r) for r in view.released()],
+            "frees": [asdict(f) for f in view.frees()],
+            "blocks_not_free": view.blocks_not_free(),
+            "request_history": {rid: asdict(h) for rid, h in view.request_history().items()}}
+
+
+def blocks_document(engine, loop=None) -> dict:
+    """The ``GET /debug/blocks`` document: the block manager's state as JSON-able data.
+
+    Call it between two steps (on the engine loop's thread for a served engine): it reads the
+    engine only through its read-only methods, so the picture is consistent. ``loop`` is the
+    ``EngineLoop`` serving the engine (its requests in flight appear as ``async.live``). Shape::
+
+        {"num_total_blocks", "num_free_blocks", "num_used_blocks", "num_cached_blocks", "kv_cache_usage",
+         "num_running", "num_waiting",
+         "sequences": [{"seq_id", "request_id", "index", "status", "block_table", "origin"}],
+         "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
+                     "finish_reason"}],
+         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
+         "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
+                                                      a block shared by n sequences n, a double free < 0)
+         "live_state": {...LLMEngine.live_state()},
+         "view": {"registries", "histories", "coverage", "released", "frees", "blocks_not_free", "request_history"}}
+
+    ``sequences`` lists every live sequence, including each sample of an n > 1 request and each
+    beam (waiting ones with an empty block table), and then every block table whose owner is no
+    longer live (an orphan, a leak: its seq_id is in ``live_state["orphan_block_tables"]``).
+    ``origin`` is ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
+    """
+    view = EngineView(engine, loop)
+    stats = view.stats()
+    tables = view.block_tables()
+    live = view.live_state()
+    sequences = []
+    listed: set[int] = set()
+    for seq in view.sequences_view():
+        sequences.append({"seq_id": seq["seq_id"], "request_id": seq["request_id"], "index": seq["index"],
+                          "status": seq["status"], "block_table": seq["block_table"],
+                          "origin": _origin(seq["origin"])})
+        listed.add(seq["seq_id"])
+    for seq_id, table in tables.items():
+        if seq_id in listed:
+            continue
+        record = view.request_record(seq_id)
+        sequences.append({"seq_id": seq_id, "request_id": record.origin.request_id if record else None,
+                          "index": None, "status": record.status if record else None, "block_table": table,
+                          "origin": _origin(record.origin if record else None)})
+    ledger = [{"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
+               "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
+               "finish_reason": r.finish_reason} for r in view.ledger()]
+    anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
+                  "step": a.step, "time": a.time} for a in view.ledger_anomalies()]
+    return {
+        "num_total_blocks": stats.num_total_blocks,
+        "num_free_blocks": stats.num_free_blocks,
+        "num_used_blocks": stats.num_used_blocks,
+        "num_cached_blocks": stats.num_cached_blocks,
+        "kv_cache_usage": stats.kv_cache_usage,
+        "num_running": stats.num_running,
+        "num_waiting": stats.num_waiting,
+        "sequences": sequences,
+        "ledger": ledger,
+        "anomalies": anomalies,
+        "ref_counts": {str(block): count for block, count in enumerate(view.ref_counts()) if count},
+        "live_state": live,
+        "view": view_dict(view),
+    }

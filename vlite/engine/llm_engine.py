@@ -17,23 +17,25 @@ import uuid
 
 import torch
 
-from vlite.engine.beam_search import BeamState
 from vlite.engine.config import EngineConfig
-from vlite.engine.executor import Executor, WorkerFailedError, create_executor
-from vlite.engine.faults import FaultSet
+from vlite.engine.core.beam_search import BeamState
+from vlite.engine.core.faults import FaultSet
+from vlite.engine.core.request import Request, RequestRecord
+from vlite.engine.core.sched_output import ScheduledSequence, SchedulerOutput
+from vlite.engine.core.scheduler import Scheduler
+from vlite.engine.core.sequence import RequestOrigin, Sequence
+from vlite.engine.core.structured_output import StructuredOutputManager
 from vlite.engine.introspection import EngineView, LedgerRecord
 from vlite.engine.kv_cache_fit import check_kv_cache_fits
-from vlite.engine.loader import LoadedCheckpoint, load_checkpoint
-from vlite.engine.logits_processors import build_logits_processor
 from vlite.engine.metrics import EngineStats
-from vlite.engine.model_runner import SequenceError
 from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.outputs import RequestOutput
-from vlite.engine.request import Request, RequestRecord
 from vlite.engine.sampling_params import SamplingParams
-from vlite.engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
-from vlite.engine.sequence import RequestOrigin, Sequence
-from vlite.engine.structured_output import StructuredOutputManager
+from vlite.engine.worker.executor import Executor, WorkerFailedError
+from vlite.engine.worker.executor_factory import create_executor
+from vlite.engine.worker.loader import LoadedCheckpoint, load_checkpoint
+from vlite.engine.worker.logits_processors import build_logits_processor
+from vlite.engine.worker.model_runner import SequenceError
 
 logger = logging.getLogger("vlite.engine")
 
@@ -91,7 +93,7 @@ def check_engine_config(config: EngineConfig) -> LoadedCheckpoint:
     hf = ckpt.config
     derive_max_model_len(hf, config.scheduler.max_model_len)
     if tp > 1:
-        from vlite.engine.models.parallel_layers import check_tp_size
+        from vlite.engine.worker.models.parallel_layers import check_tp_size
 
         num_kv = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         check_tp_size(tp, hf.num_attention_heads, num_kv, hf.intermediate_size)
@@ -129,7 +131,7 @@ class LLMEngine:
         checkpoint: an already loaded checkpoint (tests reuse one across engines).
 
     With ``config.parallel.tensor_parallel_size`` N > 1 the model runs on N ranks (worker
-    processes or Ray actors, ``vlite.engine.executor``); this process keeps the scheduler, the
+    processes or Ray actors, ``vlite.engine.worker.executor``); this process keeps the scheduler, the
     block manager and the sampler, and does not load the weights. Call ``shutdown()`` (or let
     the process exit) to stop the ranks.
 
@@ -181,7 +183,7 @@ class LLMEngine:
         self.structured_output = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
                                                          self.eos_token_ids)
         self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
-                                   max_model_len=self.max_model_len, generator=self.executor.generator,
+                                   max_model_len=self.max_model_len,
                                    detokenize=self.output_processor.detokenize,
                                    finished_history=config.finished_history,
                                    structured_output=self.structured_output)

@@ -10,10 +10,10 @@ It keeps no per-request state: what it needs lives on the ``Request``.
 
 from __future__ import annotations
 
-from vlite.engine.detokenizer import detokenize_incrementally, init_detokenizer, stop_holdback
+from vlite.engine.core.detokenizer import detokenize_incrementally, init_detokenizer, stop_holdback
+from vlite.engine.core.request import Request
+from vlite.engine.core.sequence import FinishReason, Sequence
 from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from vlite.engine.request import Request
-from vlite.engine.sequence import FinishReason, Sequence
 
 
 class OutputProcessor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlite.engine.sequence import RequestOrigin
+from vlite.engine.core.sequence import RequestOrigin
 
 
 @dataclass
@@ -55,5 +55,5 @@ class RequestOutput:
     stream_holdback: int = 0
     new_token_ids: list[int] = field(default_factory=list)
     # With SamplingParams.prompt_logprobs: per prompt token None (the first) or {token_id:
-    # Logprob} (vlite.engine.prompt_logprobs), once the whole prompt has run; else None.
+    # Logprob} (vlite.engine.core.prompt_logprobs), once the whole prompt has run; else None.
     prompt_logprobs: list | None = None

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from vlite.engine.core.sequence import RequestOrigin
     from vlite.engine.outputs import RequestOutput
     from vlite.engine.sampling_params import SamplingParams
-    from vlite.engine.sequence import RequestOrigin
 
 
 @runtime_checkable

@@ -194,7 +194,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
     """Build the app; ``load_engine`` runs in a worker thread at startup.
 
     With ``core_config`` the engine runs in its own process instead (``MPAsyncLLMEngine``,
-    ``vlite.engine.engine_core``) and ``load_engine`` is not used.
+    ``vlite.engine.serving.engine_core``) and ``load_engine`` is not used.
 
     ``on_fatal(message)`` is called if the model fails to load or the engine dies later (the
     engine core process died, or a tensor-parallel rank failed); the CLI stops the server then
@@ -294,7 +294,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
     if settings.enable_debug_endpoints:
         @app.get("/debug/blocks")
         async def debug_blocks() -> JSONResponse:
-            """The block manager's state (see vlite.entrypoints.debug); read-only."""
+            """The block manager's state (vlite.engine.introspection.blocks_document); read-only."""
             doc = await state.engine.blocks_snapshot()
             if state.metrics is not None:  # server state: per-request latency bookkeeping
                 doc["view"]["registries"]["server.metrics_last_token"] = len(state.metrics._last_token_time)

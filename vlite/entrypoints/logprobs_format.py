@@ -31,7 +31,7 @@ class TokenTexts:
 
 
 def prompt_logprobs_json(texts: TokenTexts, entries: list | None) -> list[dict[int, PromptLogprob] | None] | None:
-    """vLLM's ``prompt_logprobs`` from the engine's (``vlite.engine.prompt_logprobs.Logprob`` dicts)."""
+    """vLLM's ``prompt_logprobs`` from the engine's (``vlite.engine.core.prompt_logprobs.Logprob`` dicts)."""
     if entries is None:
         return None
     return [None if e is None else {tid: PromptLogprob(logprob=clamp_logprob(lp.logprob), rank=lp.rank,

@@ -204,7 +204,7 @@ class SamplingRequest(OpenAIBase):
     best_of: Int(ge=1) | None = None  # and <= --max-n
     use_beam_search: Bool = False
     length_penalty: Float(ge=-MAX_ABS_LENGTH_PENALTY, le=MAX_ABS_LENGTH_PENALTY) | None = None
-    # Structured output (vlite.entrypoints.structured_outputs): OpenAI's response_format, or vLLM's
+    # Structured output (vlite.entrypoints.structured_output): OpenAI's response_format, or vLLM's
     # structured_outputs; not both.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None

@@ -39,7 +39,7 @@ from vlite.engine import (
 from vlite.entrypoints.errors import APIError
 from vlite.entrypoints.protocol import SamplingRequest, UsageInfo
 from vlite.entrypoints.state import ServerState
-from vlite.entrypoints.structured_outputs import (
+from vlite.entrypoints.structured_output import (
     REMOVED_GUIDED_FIELDS,
     compile_constraint,
     structured_outputs_params,
@@ -186,7 +186,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int, logprobs: int | None,
     the prompt. ``use_beam_search`` (vLLM's older API field) becomes beam search with width
     ``best_of`` (default ``n``), see ``beam_search_params``. ``response_format`` /
     ``structured_outputs`` become ``SamplingParams.structured_outputs``
-    (``vlite.entrypoints.structured_outputs``; not with beam search).
+    (``vlite.entrypoints.structured_output``; not with beam search).
 
     Raises:
         APIError: 400 for a value out of range or an unsupported option.

@@ -16,39 +16,11 @@ Sequences are packed decodes first: the first ``num_decodes`` sequences have one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from vlite.env import env_choice
 from vlite.kernels import torch_ref
-
-
-@dataclass
-class AttentionMetadata:
-    """Per-step layout of the packed batch (built by the model runner).
-
-    slot_mapping:    [T] int64, cache slot of each token (block_id * block_size + offset); -1 = skip.
-    query_start_loc: [B + 1] int64, cumulative query lengths; sequence i owns tokens
-                     query_start_loc[i]:query_start_loc[i+1].
-    seq_lens:        [B] int64, context length of each sequence after this step (tokens).
-    block_tables:    [B, max_blocks] int64, physical block ids, padded with 0.
-    num_decodes:     the first num_decodes sequences are decodes (one query token each).
-    query_lens / seq_lens_list: the same lengths as Python ints (no device syncs in loops).
-    plan_cache: what a backend derives from this layout once per step and reuses in every layer
-        (e.g. the torch path's decode groups and padding masks).
-    """
-
-    slot_mapping: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
-    num_decodes: int
-    query_lens: list[int]
-    seq_lens_list: list[int]
-    block_size: int
-    plan_cache: dict = field(default_factory=dict, repr=False, compare=False)
-
+from vlite.kernels.metadata import AttentionMetadata
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -91,17 +63,16 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         torch_ref.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
 
-def prepare_backend(device: torch.device | str) -> str:
+def prepare_backend(device: torch.device | str, fused_choice: str = "auto") -> str:
     """Build (or load) what the default backend needs on ``device`` before the first step, so
     no request waits for a compiler. Returns the attention path in words, for the log.
+    ``fused_choice`` is ``fused_ops.default_choice()`` (the caller reads it, so that a bad
+    ``VLITE_FUSED_OPS`` fails at start, not in every step), named in the returned words.
 
     Raises:
-        ValueError: a bad ``VLITE_ATTENTION_BACKEND`` or ``VLITE_FUSED_OPS``.
+        ValueError: a bad ``VLITE_ATTENTION_BACKEND``.
     """
     backend = default_backend()
-    from vlite.kernels.fused_ops import default_choice
-
-    fused_choice = default_choice()  # a bad VLITE_FUSED_OPS fails here, at start, not in every step
     if torch.device(device).type != "cpu":
         return "triton" if backend == "auto" else backend
     if backend == "auto":

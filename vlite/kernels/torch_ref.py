@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from vlite.kernels.attention import AttentionMetadata
+    from vlite.kernels.metadata import AttentionMetadata
 
 
 def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
-    from vlite.kernels.attention import AttentionMetadata
+    from vlite.kernels.metadata import AttentionMetadata
 
 # Fixed when this module is imported, like the @triton.jit decorations below.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

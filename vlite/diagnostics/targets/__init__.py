@@ -1,2 +1,4 @@
-"""Black-box targets: any OpenAI-compatible server, read from its ``/metrics`` page (one adapter
-per server kind), its process tree's memory, and its logs. See docs/leak-check.md."""
+"""Where the leak checker runs a workload and reads the engine: in process (``inprocess``),
+against ``vlite serve`` over HTTP (``http``), against any OpenAI-compatible server as a black
+box (``blackbox``: its ``/metrics`` page through one adapter per server kind, its process
+tree's memory), or after the fact from a server's stats log (``from_log``). See docs/leak-check.md."""

@@ -83,3 +83,18 @@ def parse_page(text: str) -> MetricsPage:
     if not samples:
         raise MetricsFormatError("the page holds no metric sample (empty or comments only)")
     return MetricsPage(samples)
+
+
+def labelled_values(text: str, prefix: str = "vlite:", label: str = "finished_reason") -> dict[str, float]:
+    """The samples of the series starting with ``prefix`` as ``{name: value}``, or
+    ``{name{<label value>}: value}`` for a sample carrying ``label`` (other labels dropped; of
+    samples that then share a key, the last on the page wins).
+
+    Raises:
+        MetricsFormatError: the body is not Prometheus text, or holds no sample at all.
+    """
+    out: dict[str, float] = {}
+    for s in parse_page(text).samples:
+        if s.name.startswith(prefix):
+            out[f"{s.name}{{{s.labels[label]}}}" if label in s.labels else s.name] = s.value
+    return out

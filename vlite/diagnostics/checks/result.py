@@ -1,0 +1,21 @@
+"""RunResult: a finished leak-check run, whichever target ran it: the findings, the samples and
+the replay's results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from vlite.diagnostics.checks.detect import Findings
+from vlite.diagnostics.workload.replay import ReplayResult
+
+
+@dataclass
+class RunResult:
+    """A finished run: findings, samples (DataFrame), the client's results and run facts."""
+
+    findings: Findings
+    samples: pd.DataFrame
+    replay: ReplayResult
+    info: dict = field(default_factory=dict)

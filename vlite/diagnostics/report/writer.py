@@ -1,0 +1,77 @@
+"""The one report-directory writer and the Markdown pieces both leak-check reports share.
+
+A leak-check report directory holds report.json, samples.csv, the PNG plots, report.md and
+report.html (the Markdown with the plots embedded); the in-process/HTTP report (``report``) and
+the black-box and from-log report (``blackbox_report``) both write it here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from vlite.diagnostics.report.html_report import write_html
+
+REPORT_VERSION = 1
+
+
+def trend_line(t) -> str:
+    """One line for a trough trend ``t`` (``checks.detect.Trend``): slope with its 95% CI, fit, levels."""
+    unit = "blocks" if t.metric == "num_used_blocks" else "bytes"
+    if t.slope is None:
+        return f"{t.metric}: {t.n} idle points (need 3 for a trend)"
+    if unit == "blocks":
+        tag = "  [RISING]" if t.rising else ""
+    else:  # said whether it rises or not: a flat RSS does not clear a run any more than a rising one fails it
+        tag = ("  [rising; informational: allocator warm-up and caches also grow RSS, the verdict rests on blocks]"
+               if t.rising else "  [informational: the verdict rests on blocks]")
+    if unit == "blocks":
+        slope = f"{t.slope:.4g} blocks/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g})"
+        levels = f"baseline {t.baseline:.6g} -> last {t.last:.6g}"
+    else:  # bytes read as KiB per request and MiB levels
+        slope = f"{t.slope / 1024:.1f} KiB/request (95% CI {t.ci95[0] / 1024:.1f} .. {t.ci95[1] / 1024:.1f})"
+        levels = f"baseline {t.baseline / 2**20:.1f} MiB -> last {t.last / 2**20:.1f} MiB"
+    name = "used blocks" if unit == "blocks" else "process RSS"
+    flat = t.slope == 0 and t.ci95[0] == t.ci95[1] == 0  # no variance: R^2 says nothing
+    fit = "flat at every idle point" if flat else f"R^2 {t.r2:.2f}"
+    return f"{name} ({t.metric}) at idle troughs: slope {slope}, {fit}, {t.n} idle points, {levels}" + tag
+
+
+def md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
+    """A Markdown table of ``rows`` over ``cols`` (at most ``limit`` rows; "_none_" when empty)."""
+    if not rows:
+        return "_none_\n"
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows[:limit]:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)).replace("|", "/") for c in cols)
+                     + " |")
+    if len(rows) > limit:
+        lines.append(f"\n{len(rows) - limit} more rows in report.json")
+    return "\n".join(lines) + "\n"
+
+
+def write_report_dir(out_dir: Path, doc: dict, samples, plots: Callable[[Path], Iterable[str]],
+                     markdown: Callable[[list[str]], str], title: str | None = None,
+                     extra_files: dict[str, str] | None = None) -> Path:
+    """Write one report directory ``out_dir`` (created): report.json (``doc``), samples.csv
+    (``samples``, a DataFrame), the plots (``plots(out_dir)`` writes them and returns their file
+    names), ``extra_files`` (name -> text), report.md (``markdown(plot names)``) and report.html.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(doc, indent=2, default=str))
+    samples.to_csv(out_dir / "samples.csv", index=False)
+    names = list(plots(out_dir))
+    for name, text in (extra_files or {}).items():
+        (out_dir / name).write_text(text)
+    md = markdown(names)
+    (out_dir / "report.md").write_text(md)
+    if title is None:
+        write_html(out_dir, md)  # one file, plots embedded
+    else:
+        write_html(out_dir, md, title)
+    return out_dir

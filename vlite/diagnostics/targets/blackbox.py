@@ -1,0 +1,565 @@
+"""Black-box leak check of any OpenAI-compatible server: only ``/metrics`` and process memory.
+
+No ledger and no ``/debug/blocks``: the server is read through its adapter
+(``targets/adapters.py``), and the replay is designed so that the numbers alone can say which
+client action leaves KV cache behind.
+
+1. **Waves** whose mix of client actions differs from wave to wave (seeded). After each wave the
+   client waits until ``running == waiting == 0`` for ``IDLE_SCRAPES`` scrapes in a row (bounded
+   by ``drain_timeout_s``; a server that never drains gives INCONCLUSIVE), then sends a **probe**:
+   a 1-token request that forces the engine to step (vLLM refreshes its gauges only when it steps),
+   waits for idle again and reads the **residual**: KV used minus the baseline before the first wave.
+2. **Verdict**: the final residual is confirmed by more probes for up to ``drain_timeout_s``
+   (SGLang's idle gauges lag); it is a LEAK only if it stays above the baseline. Evictable
+   prefix-cache entries are free in every adapter, so prefix-cache occupancy is never a leak.
+3. **Attribution**: the residual increments of the waves are fitted on the per-wave counts of
+   each client action kind by non-negative least squares (``scipy.optimize.nnls``; numpy's lstsq
+   clipped at 0 when scipy is missing), with a 95% bootstrap interval over waves: KV units left
+   per request, by client action.
+4. **Bisection**: for each suspected kind, its requests are replayed (fresh request ids, and a
+   unique first word so that a prefix-cache hit on a leaked block cannot hide a new leak) and
+   halved while a half still leaves usage behind, within ``bisect_budget_s``: the minimal set is
+   the reproducer (``reproducer.jsonl``, replayable with ``--workload``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field, replace
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from vlite.diagnostics.checks.detect import Trend, trough_trend
+from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
+from vlite.diagnostics.targets.http import TargetError, send_request, wait_ready
+from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
+from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
+from vlite.diagnostics.targets.samplers import Sampler
+from vlite.diagnostics.workload.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
+from vlite.diagnostics.workload.sources import RequestSpec
+
+IDLE_SCRAPES = 3  # consecutive idle scrapes that make an idle point
+SCRAPE_PERIOD_S = 0.1
+EXIT_CODES = {"CLEAN": 0, "LEAK": 1, "ZOMBIE": 1, "INCONCLUSIVE": 3}
+_REPLAY_TIMEOUT_S = 600.0
+
+
+class NullProbe:
+    """The memory probe of a server whose process cannot be seen: no columns."""
+
+    gpu_source = None
+    note = None
+    last_tree: list = []
+
+    def read(self) -> dict:
+        return {}
+
+
+@dataclass
+class Connection:
+    """A reachable server: base URL, its adapter, headers (auth) and body fields (model)."""
+
+    base: str
+    adapter: Adapter
+    headers: dict
+    body: dict
+    client: httpx.Client
+    metrics_path: str = "/metrics"
+
+    def extra(self) -> dict:
+        """The adapter's JSON pages besides /metrics (llama.cpp's /slots); a page that fails is left out."""
+        out = {}
+        for path in self.adapter.extra_paths:
+            try:
+                r = self.client.get(f"{self.base}{path}", headers=self.headers, timeout=10)
+                if r.status_code == 200:
+                    out[path] = r.json()
+            except (httpx.HTTPError, ValueError):
+                pass
+        return out
+
+    def state(self) -> MetricsReading:
+        """Scrape ``/metrics`` once and map it through the adapter.
+
+        Raises:
+            TargetError: the scrape fails or the page no longer parses.
+        """
+        try:
+            r = self.client.get(f"{self.base}{self.metrics_path}", headers=self.headers, timeout=10)
+            r.raise_for_status()
+            return self.adapter.read(parse_page(r.text), self.extra())
+        except (httpx.HTTPError, MetricsFormatError, KeyError) as exc:
+            raise TargetError(f"{self.base}/metrics: {type(exc).__name__}: {exc}") from exc
+
+
+def connect(url: str, server_kind: str = "auto", api_key: str | None = None, ready_timeout_s: float = 120.0
+            ) -> Connection:
+    """Wait for the server, scrape ``/metrics`` once and pick its adapter.
+
+    Raises:
+        TargetError: nothing answers, ``/metrics`` needs a key (401/403), is missing, is not
+            Prometheus text, or matches no known server (each with a one-line message).
+    """
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.Client(timeout=10.0)
+    wait_ready(base, client, timeout_s=ready_timeout_s)
+    try:
+        r = client.get(f"{base}/metrics", headers=headers)
+    except httpx.HTTPError as exc:
+        raise TargetError(f"{base}/metrics: {type(exc).__name__}: {exc}") from exc
+    if r.status_code in (401, 403):
+        hint = "the --api-key was refused" if api_key else "pass the server's key with --api-key"
+        raise TargetError(f"{base}/metrics answered HTTP {r.status_code} ({r.reason_phrase}): {hint}")
+    if r.status_code != 200:
+        raise TargetError(f"{base}/metrics answered HTTP {r.status_code}: the server exports no Prometheus "
+                          "metrics there (SGLang needs --enable-metrics, llama.cpp --metrics)")
+    metrics_path = "/metrics"
+    if "json" in r.headers.get("content-type", ""):  # trtllm-serve: JSON iteration stats at /metrics
+        alt = client.get(f"{base}/prometheus/metrics", headers=headers)
+        if alt.status_code == 200:
+            r, metrics_path = alt, "/prometheus/metrics"
+    try:
+        page = parse_page(r.text)
+        adapter = detect_kind(page, server_kind)
+        probe = Connection(base, adapter, headers, {}, client, metrics_path)
+        adapter.read(page, probe.extra())
+    except MetricsFormatError as exc:
+        raise TargetError(f"{base}/metrics is not a Prometheus page: {exc}") from exc
+    except (UnknownServerError, ValueError, KeyError) as exc:
+        raise TargetError(str(exc)) from exc
+    body = {}
+    try:  # the served model's name, for servers that require "model" in the body
+        models = client.get(f"{base}/v1/models", headers=headers).json().get("data") or []
+        if models and models[0].get("id"):
+            body["model"] = models[0]["id"]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return Connection(base, adapter, headers, body, client, metrics_path)
+
+
+def action_text(a: ClientAction) -> str:
+    """The trace spelling of an action (``disconnect-stream:3``, ``client-timeout:0.5``)."""
+    if a.kind in ("abort-after-tokens", "disconnect-stream"):
+        return f"{a.kind}:{a.after_tokens}"
+    if a.kind == "client-timeout":
+        return f"{a.kind}:{a.timeout_s}"
+    return a.kind
+
+
+def design_waves(specs: list[RequestSpec], num_waves: int, seed: int, abort_rate: float,
+                 kinds: tuple[str, ...] = ABORT_KINDS) -> list[list[RequestSpec]]:
+    """Split ``specs`` into ``num_waves`` waves and redraw each request's client action so that the
+    mix differs from wave to wave: wave w aborts with rate ``abort_rate`` x U(0.4, 1.6) (capped at 1)
+    and picks abort kinds with weights from a Dirichlet(0.6) draw. Seeded, hence reproducible.
+    With ``abort_rate`` 0 every request completes.
+    """
+    rng = random.Random(seed)
+    nprng = np.random.default_rng(seed)
+    num_waves = max(1, min(num_waves, len(specs)))
+    size = -(-len(specs) // num_waves)
+    waves = []
+    for w in range(num_waves):
+        chunk = specs[w * size:(w + 1) * size]
+        if not chunk:
+            break
+        rate = min(1.0, abort_rate * rng.uniform(0.4, 1.6))
+        weights = nprng.dirichlet([0.6] * len(kinds))
+        out = []
+        for s in chunk:
+            if rng.random() < rate:
+                kind = kinds[int(nprng.choice(len(kinds), p=weights))]
+                action = plan_action(rng, 1.0, kind, s.max_tokens)
+            else:
+                action = ClientAction()
+            out.append(replace(s, action=action, arrival_s=0.0))
+        waves.append(out)
+    return waves
+
+
+def split_waves(specs: list[RequestSpec], idle_every: int) -> list[list[RequestSpec]]:
+    """Waves of ``idle_every`` requests, actions as given (a trace replays as written)."""
+    step = idle_every or len(specs)
+    return [specs[i:i + step] for i in range(0, len(specs), step)]
+
+
+def fit_leak_per_action(counts: np.ndarray, increments: np.ndarray, kinds: list[str], seed: int = 0,
+                        n_boot: int = 300) -> list[dict]:
+    """Fit residual increments (units per wave) on per-wave action counts: units left per request.
+
+    Non-negative least squares (``scipy.optimize.nnls``; numpy least squares clipped at 0 when
+    scipy is missing). The interval is the 2.5-97.5 percentile of the same fit on waves resampled
+    with replacement. Returns one row per kind: ``client_action``, ``per_request``, ``ci95``,
+    ``requests`` (how many were sent).
+    """
+    counts = np.asarray(counts, dtype=float)
+    y = np.asarray(increments, dtype=float)
+    try:
+        from scipy.optimize import nnls
+
+        def solve(a, b):
+            return nnls(a, b)[0]
+    except ImportError:  # pragma: no cover - scipy is a dependency; kept for installs without it
+        def solve(a, b):
+            return np.clip(np.linalg.lstsq(a, b, rcond=None)[0], 0, None)
+    coef = solve(counts, y) if len(y) else np.zeros(len(kinds))
+    rng = np.random.default_rng(seed)
+    boots = []
+    if len(y) >= 2:
+        for _ in range(n_boot):
+            idx = rng.integers(0, len(y), len(y))
+            boots.append(solve(counts[idx], y[idx]))
+    lo = np.percentile(boots, 2.5, axis=0) if boots else coef
+    hi = np.percentile(boots, 97.5, axis=0) if boots else coef
+    return [{"client_action": k, "per_request": float(coef[i]), "ci95": [float(lo[i]), float(hi[i])],
+             "requests": int(counts[:, i].sum())} for i, k in enumerate(kinds)]
+
+
+@dataclass
+class BlackboxResult:
+    """A black-box leak check (or a ``--from-log`` post-mortem).
+
+    verdict: CLEAN | LEAK | ZOMBIE | INCONCLUSIVE (exit 0 / 1 / 1 / 3). kv values in ``unit`` (blocks, tokens
+    or a fraction). residual = final - baseline. probes: every 1-token probe (time, wave, KV
+    before and after). suspects: one per client action kind found leaking (``client_action``,
+    ``blocks_per_request`` or ``tokens_per_request``, ``ci95``, ``request_ids`` of the minimal set).
+    """
+
+    verdict: str
+    summary: str
+    server_kind: str
+    unit: str
+    block_size: int | None
+    kv_total: float | None
+    baseline: float | None
+    final: float | None
+    trends: list[Trend]
+    samples: pd.DataFrame
+    replay: ReplayResult
+    info: dict = field(default_factory=dict)
+    probes: list[dict] = field(default_factory=list)
+    fit: list[dict] = field(default_factory=list)
+    suspects: list[dict] = field(default_factory=list)
+    bisection: list[dict] = field(default_factory=list)
+    reproducer: list[RequestSpec] = field(default_factory=list)
+    process_tree: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    source: str = "blackbox"  # blackbox | log
+    zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
+
+    @property
+    def residual(self) -> float | None:
+        return None if self.final is None or self.baseline is None else self.final - self.baseline
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+
+class _Driver:
+    """Replays waves and reads idle points against one connection (async)."""
+
+    def __init__(self, conn: Connection, memory, max_concurrency: int, drain_timeout_s: float) -> None:
+        self.conn, self.memory = conn, memory
+        self.max_concurrency = max_concurrency
+        self.drain_timeout_s = drain_timeout_s
+        self.probes: list[dict] = []
+        self._probe_no = 0
+        self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
+
+    async def read(self, client: httpx.AsyncClient) -> MetricsReading:
+        r = await client.get(f"{self.conn.base}{self.conn.metrics_path}", headers=self.conn.headers)
+        r.raise_for_status()
+        extra = {}
+        for path in self.conn.adapter.extra_paths:  # llama.cpp's /slots
+            try:
+                e = await client.get(f"{self.conn.base}{path}", headers=self.conn.headers)
+                if e.status_code == 200:
+                    extra[path] = e.json()
+            except (httpx.HTTPError, ValueError):
+                pass
+        return self.conn.adapter.read(parse_page(r.text), extra)
+
+    async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float | None = None) -> MetricsReading | None:
+        """The state once running == waiting == 0 for IDLE_SCRAPES scrapes in a row; None on timeout."""
+        deadline, quiet = time.monotonic() + (timeout_s or self.drain_timeout_s), 0
+        while time.monotonic() < deadline:
+            try:
+                state = await self.read(client)
+            except (httpx.HTTPError, MetricsFormatError, KeyError):
+                state, quiet = None, 0
+            if state is not None and state.idle:
+                quiet += 1
+                if quiet >= IDLE_SCRAPES:
+                    return state
+            else:
+                quiet = 0
+            await asyncio.sleep(SCRAPE_PERIOD_S)
+        return None
+
+    async def send(self, specs: list[RequestSpec], results: dict[str, RequestResult],
+                   timeout_s: float = _REPLAY_TIMEOUT_S) -> bool:
+        """Send ``specs`` (up to max_concurrency at once); False when they did not all end within
+        ``timeout_s`` (the rest are cancelled: their connections close, an abort to the server)."""
+        sem = asyncio.Semaphore(self.max_concurrency)
+
+        async def launch(spec: RequestSpec) -> None:
+            async with sem:
+                await send_request(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), max(0.1, timeout_s))
+            return True
+        except TimeoutError:
+            return False
+
+    async def probe(self, client: httpx.AsyncClient, wave: str, before: MetricsReading | None = None
+                    ) -> MetricsReading | None:
+        """A 1-token request (forces an engine step), then idle again; the state after it."""
+        before = before or await self.wait_idle(client)
+        if before is None:
+            return None
+        self._probe_no += 1
+        rid = f"vlite-probe-{self._probe_no}-{int(time.time() * 1000) % 10**8}"
+        body = {"prompt": "probe", "max_tokens": 1, "temperature": 0.0, **self.conn.body}
+        status: int | str
+        try:
+            r = await client.post(f"{self.conn.base}/v1/completions", json=body,
+                                  headers={"X-Request-Id": rid, **self.conn.headers},
+                                  timeout=min(60.0, self.drain_timeout_s))
+            status = r.status_code
+        except httpx.HTTPError as exc:
+            status = f"{type(exc).__name__}"
+        after = await self.wait_idle(client)
+        self.probes.append({"time": time.time(), "after": wave, "request_id": rid, "status": status,
+                            "kv_used_before": before.kv_used, "kv_used_after": after.kv_used if after else None})
+        return after
+
+    async def idle_point(self, client: httpx.AsyncClient, wave: str) -> MetricsReading | None:
+        """Drain, probe, and return the confirmed idle state (None: never drained in time)."""
+        idle = await self.wait_idle(client)
+        if idle is None:
+            return None
+        return await self.probe(client, wave, idle)
+
+
+def _rss(memory) -> int | None:
+    return memory.read().get("rss_bytes")
+
+
+async def _replay_waves(driver: _Driver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
+                        out: ReplayResult) -> tuple[list[float], bool]:
+    """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
+    point, baseline first) and whether every wave drained."""
+    used: list[float] = []
+    completed = 0
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        base = await driver.idle_point(client, "baseline")
+        if base is None:
+            return used, False
+        used.append(base.kv_used)
+        out.idle_points.append(IdlePoint(time.time(), 0, base.kv_used, _rss(driver.memory)))
+        for w, wave in enumerate(waves):
+            for s in wave:
+                results[s.request_id].arrival_time = time.time()
+            if not await driver.send(wave, results, driver.wave_timeout_s):
+                out.notes.append(f"wave {w + 1} did not finish within {driver.wave_timeout_s:g} s (requests "
+                                 "cancelled: their connections were closed)")
+            completed += len(wave)
+            state = await driver.idle_point(client, f"wave {w + 1}")
+            if state is None:
+                return used, False
+            used.append(state.kv_used)
+            out.idle_points.append(IdlePoint(time.time(), completed, state.kv_used, _rss(driver.memory)))
+    return used, True
+
+
+async def _confirm(driver: _Driver, baseline: float, last: float, budget_s: float) -> float:
+    """Probe twice more, then (servers whose idle gauges lag, ``adapter.gauge_lag_s``) every 2 s
+    for up to min(lag, ``budget_s``) while KV stays above the baseline: a lagging gauge comes back,
+    a leak does not. Returns the last KV used read."""
+    budget_s = min(budget_s, driver.conn.adapter.gauge_lag_s)
+    deadline = time.monotonic() + budget_s
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        for _ in range(2):  # at least two more probes
+            state = await driver.probe(client, "confirmation")
+            if state is not None:
+                last = state.kv_used
+        while last > baseline and time.monotonic() < deadline:
+            await asyncio.sleep(2.0)
+            state = await driver.probe(client, "confirmation")
+            if state is not None:
+                last = state.kv_used
+    return last
+
+
+async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float, deadline: float
+                 ) -> tuple[bool, float]:
+    """Replay ``specs`` (fresh ids) between two confirmed idle points: does KV stay above?
+    A replay still running at ``deadline`` (time.monotonic) is cancelled and counts as no."""
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        before = await driver.idle_point(client, f"bisection {tag} (before)")
+        if before is None:
+            return False, 0.0
+        # A unique first word per replay: a prefix-cache hit on a leaked block would hide a new leak.
+        fresh = [replace(s, request_id=f"{s.request_id}-{tag}", prompt=f"{tag} {s.prompt}") for s in specs]
+        results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, time.time()) for s in fresh}
+        if not await driver.send(fresh, results, deadline - time.monotonic()):
+            return False, 0.0
+        after = await driver.idle_point(client, f"bisection {tag}")
+        if after is None:
+            return False, 0.0
+        delta = after.kv_used - before.kv_used
+        return abs(delta) > tol, delta
+
+
+async def _bisect(driver: _Driver, candidates: list[RequestSpec], deadline: float, tol: float, label: str
+                  ) -> tuple[list[RequestSpec], list[dict]]:
+    """Halve ``candidates`` while one half alone still leaves usage behind (delta debugging)."""
+    log = []
+    n = 0
+
+    async def test(subset):
+        nonlocal n
+        n += 1
+        leaked, delta = await _leaks(driver, subset, f"{label}{n}", tol, deadline)
+        log.append({"suspect": label, "tested": [s.request_id for s in subset], "leaked": leaked, "delta": delta})
+        return leaked
+
+    if not candidates or time.monotonic() > deadline or not await test(candidates):
+        return [], log
+    current = candidates
+    while len(current) > 1 and time.monotonic() < deadline:
+        half = len(current) // 2
+        a, b = current[:half], current[half:]
+        if await test(a):
+            current = a
+        elif time.monotonic() < deadline and await test(b):
+            current = b
+        else:
+            break  # the leak needs requests from both halves (or the budget ran out)
+    return current, log
+
+
+def _suspects(fit: list[dict], unit: str, min_per_request: float) -> list[dict]:
+    key = f"{unit}_per_request" if unit in ("blocks", "tokens") else "per_request"
+    out = []
+    for row in sorted(fit, key=lambda r: -r["per_request"]):
+        if row["per_request"] >= min_per_request and row["requests"] > 0:
+            out.append({"client_action": row["client_action"], key: round(row["per_request"], 4),
+                        "ci95": [round(x, 4) for x in row["ci95"]], "requests_sent": row["requests"],
+                        "request_ids": []})
+    return out
+
+
+def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concurrency: int = 32,
+                 drain_timeout_s: float = 60.0, bisect_budget_s: float = 60.0, sample_interval_s: float = 0.1,
+                 server_pid: int | None = None, url: str | None = None, seed: int = 0,
+                 info: dict | None = None, memory=None) -> BlackboxResult:
+    """Replay ``waves`` against ``conn`` with idle points and probes, then verdict, attribution,
+    bisection and the reproducer. Never raises for a server that does not drain: INCONCLUSIVE."""
+    url = url or conn.base
+    notes: list[str] = []
+    if memory is None:
+        pid = server_pid if server_pid is not None else (listening_pid(url) if is_local_url(url) else None)
+        if pid is None:
+            memory = NullProbe()
+            notes.append("remote server: metrics only (no process memory)" if not is_local_url(url) else
+                         "the server's process was not found on this host (pass --server-pid): metrics only")
+        else:
+            memory = ProcessTreeProbe(pid)
+            if memory.note:
+                notes.append(memory.note)
+    else:
+        pid = server_pid
+
+    def source() -> dict:
+        return conn.state().row()
+
+    specs = [s for wave in waves for s in wave]
+    results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
+    out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
+    driver = _Driver(conn, memory, max_concurrency, drain_timeout_s)
+    first = conn.state()
+    unit, tol = first.unit, (1e-6 if first.unit == "fraction" else 0.0)
+    sampler = Sampler(source, memory, sample_interval_s).start()
+    t0 = time.time()
+    suspects, fit, bis_log, repro = [], [], [], []
+    try:
+        used, drained = asyncio.run(_replay_waves(driver, waves, results, out))
+        out.end_time = time.time()
+        baseline = used[0] if used else None
+        final = used[-1] if used else None
+        if first.kv_used is None:
+            verdict = "INCONCLUSIVE"
+            summary = (f"INCONCLUSIVE: this {conn.adapter.kind} server exports no KV-cache gauge "
+                       f"({conn.adapter.caveat}); only process memory was sampled")
+        elif not drained and len(used) >= 2 and used[-1] - baseline > tol:
+            verdict = "LEAK"
+            summary = (f"LEAK: {used[-1] - baseline:g} {unit} of KV cache still used at the idle point after wave "
+                       f"{len(used) - 1} (after a probe; baseline {baseline:g}); then the server stopped draining "
+                       f"within --drain-timeout {drain_timeout_s:g} s (the leak may have exhausted the pool)")
+        elif not drained:
+            verdict = "INCONCLUSIVE"
+            summary = (f"INCONCLUSIVE: the server did not drain (running == waiting == 0 for {IDLE_SCRAPES} "
+                       f"scrapes) within --drain-timeout {drain_timeout_s:g} s after "
+                       f"{'the baseline' if not used else f'wave {len(used) - 1}'}; no verdict on a busy server")
+        else:
+            if abs(final - baseline) > tol:
+                final = asyncio.run(_confirm(driver, baseline, final, drain_timeout_s))
+            residual = final - baseline
+            if residual < -tol:
+                verdict = "LEAK"
+                summary = (f"LEAK (excess): {-residual:g} {unit} fewer in use at idle than at the baseline "
+                           f"({baseline:g} -> {final:g} {unit}): blocks freed twice (double free) or a double count")
+            elif residual > tol:
+                verdict = "LEAK"
+                summary = (f"LEAK: {residual:g} {unit} of KV cache still used at idle after {len(driver.probes)} "
+                           f"probes (baseline {baseline:g} -> {final:g} {unit})")
+            else:
+                verdict = "CLEAN"
+                summary = (f"CLEAN: KV cache back to its baseline ({baseline:g} {unit}) at every idle point, "
+                           f"confirmed by {len(driver.probes)} 1-token probes")
+        if verdict == "LEAK" and len(used) >= 2:
+            kinds = sorted({s.action.kind for s in specs}, key=list(ACTION_KINDS).index)
+            counts = np.array([[sum(s.action.kind == k for s in wave) for k in kinds] for wave in waves[:len(used) - 1]])
+            increments = np.abs(np.diff(np.array(used, dtype=float)))  # an excess counts as much as a deficit
+            fit = fit_leak_per_action(counts, increments, kinds, seed=seed)
+            min_per = 0.25 if unit == "blocks" else (1.0 if unit == "tokens" else 1e-4)
+            suspects = _suspects(fit, unit, min_per)
+            deadline = time.monotonic() + bisect_budget_s
+            for sus in suspects:
+                last = driver.probes[-1]["kv_used_after"] if driver.probes else None
+                if first.kv_total and last is not None and last >= 0.9 * first.kv_total:
+                    notes.append(f"bisection stopped: the leak holds {last:g} of {first.kv_total:g} {unit}, the "
+                                 "pool is nearly exhausted (restart the server to bisect further)")
+                    break
+                cands = [s for s in specs if s.action.kind == sus["client_action"]]
+                minimal, log = asyncio.run(_bisect(driver, cands, deadline, tol, f"b{len(bis_log)}-"))
+                bis_log.extend(log)
+                sus["request_ids"] = [s.request_id for s in minimal]
+                sus["reproduced"] = bool(minimal)
+                repro.extend(minimal)
+            if suspects and not repro:
+                notes.append("bisection did not reproduce the leak within --bisect-budget: the suspects rest "
+                             "on the fit alone")
+    finally:
+        sampler.stop()
+    sampler.sample()
+    block_size = first.block_size
+    trends = [trough_trend(out.idle_points), trough_trend(out.idle_points, "rss_bytes")]
+    facts = {"target": "blackbox", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
+             "unit": unit, "block_size": block_size, "kv_total": first.kv_total,
+             "num_requests": len(specs), "num_waves": len(waves), "gpu_source": getattr(memory, "gpu_source", None),
+             "replay_s": round(time.time() - t0, 2), "sampler_errors": sampler.errors,
+             "drain_timeout_s": drain_timeout_s, "bisect_budget_s": bisect_budget_s, **(info or {})}
+    notes.extend(out.notes)
+    notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
+    return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
+                          trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
+                          list(getattr(memory, "last_tree", [])), notes)

@@ -1,0 +1,385 @@
+"""HTTP target: replay a workload against a running ``vlite serve`` with real clients that
+really disconnect, scrape ``/metrics`` while it runs, and read ``/debug/blocks`` at the end.
+
+Each request gets its own httpx connection, so closing the client closes the TCP
+connection: that is the disconnect the server has to notice. The request id goes in
+``X-Request-Id``, the planned client action in ``X-Vlite-Client-Action`` and the tag in
+``X-Vlite-Client-Tag``, so the server's ledger names the same origin the client planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+
+from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.detect import detect
+from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.targets.process import listening_pid
+from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
+from vlite.diagnostics.workload.sources import RequestSpec
+
+IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
+
+
+class TargetError(RuntimeError):
+    """The server cannot be reached or does not look like ``vlite serve``."""
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Gauge values of a Prometheus text page (first sample of each family), by metric name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, s.value)
+    return out
+
+
+def metrics_block_stats(base: str, client: httpx.Client):
+    """A sampler source scraping ``{base}/metrics`` (blocks and requests)."""
+
+    def read() -> dict:
+        m = parse_metrics(client.get(f"{base}/metrics", timeout=5).text)
+        total, free = int(m["vlite:num_total_blocks"]), int(m["vlite:num_free_blocks"])
+        cached = int(m.get("vlite:num_cached_blocks", 0))
+        return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
+                "num_used_blocks": total - free - cached, "num_running": int(m.get("vlite:num_requests_running", 0)),
+                "num_waiting": int(m.get("vlite:num_requests_waiting", 0))}
+    return read
+
+
+def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
+    """The route and OpenAI body of one request: /v1/chat/completions for a chat request, else
+    /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
+    search as use_beam_search + best_of, the width)."""
+    body = {"max_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
+            "ignore_eos": spec.ignore_eos, "stream": stream, "n": spec.n}
+    if spec.seed is not None:
+        body["seed"] = spec.seed
+    if spec.stop:
+        body["stop"] = list(spec.stop)
+    if spec.stop_token_ids:
+        body["stop_token_ids"] = list(spec.stop_token_ids)
+    if spec.min_tokens:
+        body["min_tokens"] = spec.min_tokens
+    if spec.beam_width > 1:
+        body.update(use_beam_search=True, best_of=spec.beam_width, temperature=0.0)
+    if spec.chat:
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        if spec.logprobs is not None:
+            body.update(logprobs=True, top_logprobs=spec.logprobs)
+        return "/v1/chat/completions", body
+    body["prompt"] = spec.prompt
+    if spec.logprobs is not None:
+        body["logprobs"] = spec.logprobs
+    return "/v1/completions", body
+
+
+def _choice_text(choice: dict) -> str | None:
+    """The text of a completions or chat (stream delta or message) choice."""
+    if "text" in choice:
+        return choice.get("text")
+    part = choice.get("delta") or choice.get("message") or {}
+    return part.get("content")
+
+
+def http_greedy(base: str, client: httpx.Client):
+    """Greedy calibration runs over HTTP (calibrate.py): completions with logprobs give each
+    token's text; /tokenize of the text gives the ids."""
+
+    def run(items):
+        out = []
+        for spec, max_tokens in items:
+            body = {"prompt": spec.prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                    "logprobs": 0}
+            try:
+                r = client.post(f"{base}/v1/completions", json=body, timeout=120)
+                choice = r.json()["choices"][0]
+                pieces = (choice.get("logprobs") or {}).get("tokens") or []
+                texts = [""]
+                for p in pieces:
+                    texts.append(texts[-1] + p)
+                ids = client.post(f"{base}/tokenize", json={"prompt": choice.get("text", ""),
+                                                            "add_special_tokens": False}).json().get("tokens", [])
+            except (httpx.HTTPError, KeyError, ValueError, IndexError):
+                ids, texts = [], [""]
+            out.append((list(ids), texts))
+        return out
+    return run
+
+
+async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
+                       extra_body: dict | None = None) -> None:
+    """Send one completion request and carry out its client action.
+
+    ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as given.
+    """
+    a = spec.action
+    route, body = request_body(spec, a.streams)
+    body.update(extra_body or {})
+    headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label, **(extra_headers or {})}
+    if spec.client_tag:
+        headers["X-Vlite-Client-Tag"] = spec.client_tag
+    res.arrival_time = time.time()
+    timeout = httpx.Timeout(a.timeout_s if a.kind == "client-timeout" else 300.0, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        req = client.build_request("POST", f"{base}{route}", json=body, headers=headers)
+        try:
+            if a.kind == "abort-waiting":
+                # Give up right after sending: usually before the engine schedules it.
+                try:
+                    resp = await asyncio.wait_for(client.send(req, stream=True), timeout=0.01)
+                    await resp.aclose()
+                except TimeoutError:
+                    pass
+                _aborted(res, "closed the connection right after sending")
+                return
+            if not a.streams:
+                resp = await client.send(req)
+                _finished_json(res, resp)
+                return
+            resp = await client.send(req, stream=True)
+            try:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    res.outcome, res.detail = ("rejected" if resp.status_code == 400 else "error",
+                                               f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    return
+                if a.kind == "abort-prefill":
+                    _aborted(res, "closed the stream after the headers, before the first token")
+                    return
+                await _read_stream(resp, res, a.after_tokens if a.kind in ("abort-after-tokens",
+                                                                           "disconnect-stream") else None)
+            finally:
+                await resp.aclose()
+        except httpx.TimeoutException:
+            _aborted(res, f"client timed out after {a.timeout_s:.2f} s and closed the connection")
+        except httpx.HTTPError as exc:
+            res.outcome, res.detail = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            res.end_time = res.end_time or time.time()
+
+
+def _aborted(res: RequestResult, detail: str) -> None:
+    res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
+    res.abort_time = res.end_time = time.time()
+
+
+def _finished_json(res: RequestResult, resp: httpx.Response) -> None:
+    if resp.status_code != 200:
+        res.outcome = "rejected" if resp.status_code == 400 else "error"
+        res.detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        return
+    choice = resp.json()["choices"][0]
+    res.outcome, res.finish_reason = ("error" if choice.get("finish_reason") == "error" else "finished",
+                                      choice.get("finish_reason"))
+    res.num_output_tokens = resp.json().get("usage", {}).get("completion_tokens", 0)
+
+
+async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int | None) -> None:
+    chunks = 0
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data.strip() == "[DONE]":
+            res.outcome = res.outcome if res.outcome == "error" else "finished"
+            return
+        choice = (json.loads(data).get("choices") or [{}])[0]
+        if _choice_text(choice):
+            chunks += 1
+            res.num_output_tokens = chunks
+        if choice.get("finish_reason"):
+            res.finish_reason = choice["finish_reason"]
+            if res.finish_reason == "error":
+                res.outcome = "error"
+        if stop_after is not None and chunks >= stop_after and not res.finish_reason:
+            _aborted(res, f"disconnected after {chunks} chunks")
+            return
+    res.outcome = "finished" if res.finish_reason else "error"
+    res.detail = res.detail or ("" if res.finish_reason else "stream ended without [DONE]")
+
+
+async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[float] | None = None,
+                     timeout_s: float = IDLE_TIMEOUT_S) -> bool:
+    """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
+    ``first_quiet`` gets the time of the first of those quiet reads."""
+    deadline, quiet = time.time() + timeout_s, 0
+    while time.time() < deadline:
+        t = time.time()
+        m = parse_metrics((await client.get(f"{base}/metrics")).text)
+        quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
+            else 0
+        if quiet == 1 and first_quiet is not None:
+            first_quiet[:] = [t]
+        if quiet >= 2:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
+                  probe, stop=None, interrupt_drain_s: float = 5.0) -> ReplayResult:
+    results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
+    out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
+    ordered = sorted(specs, key=lambda s: s.arrival_s)
+    sem = asyncio.Semaphore(max_concurrency)
+    t0, completed = out.start_time, 0
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
+    async def launch(spec: RequestSpec) -> None:
+        await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
+        async with sem:
+            if not stopped():
+                await send_request(base, spec, results[spec.request_id])
+
+    async with httpx.AsyncClient(timeout=10.0) as admin:
+        await _wait_idle(base, admin)
+        out.idle_points.append(IdlePoint(time.time(), 0, *probe()))
+        step = idle_every or len(ordered)
+        for i in range(0, len(ordered), step):
+            wave = ordered[i:i + step]
+            if stopped():
+                break
+            task = asyncio.ensure_future(asyncio.gather(*(launch(s) for s in wave)))
+            while stop is not None and not task.done() and not stop.is_set():
+                await asyncio.wait({task}, timeout=0.1)
+            if stopped() and not task.done():
+                await asyncio.wait({task}, timeout=interrupt_drain_s)  # those in flight may finish
+                task.cancel()  # the rest disconnect: the server aborts them
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            if stopped():
+                break
+            completed += len(wave)
+            left = time.time()  # every client of the wave has finished or gone
+            quiet: list[float] = []
+            if not await _wait_idle(base, admin, quiet):
+                break  # still busy after the bound: the final snapshot will say it is not quiescent
+            out.gauge_lags.append(max(0.0, quiet[0] - left) if quiet else 0.0)
+            out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
+        if stopped():
+            _mark_interrupted(out)
+            await _wait_idle(base, admin, timeout_s=interrupt_drain_s)
+    out.end_time = time.time()
+    return out
+
+
+def _mark_interrupted(out: ReplayResult) -> None:
+    """After a Ctrl-C: requests never sent are "not-sent", those cut off are "aborted"."""
+    now, aborted, not_sent = time.time(), 0, 0
+    for r in out.requests:
+        if r.outcome not in ("pending", "streaming"):
+            continue
+        if r.arrival_time:
+            r.outcome, r.detail, r.abort_time, r.end_time = ("aborted", "the run was interrupted (Ctrl-C): the client "
+                                                             "left", now, now)
+            aborted += 1
+        else:
+            r.outcome, r.detail = "not-sent", "the run was interrupted before it was sent"
+            not_sent += 1
+    ended = sum(1 for r in out.requests if r.outcome not in ("not-sent", "pending"))
+    out.interrupted = (f"interrupted (Ctrl-C) after {ended - aborted} of {len(out.requests)} requests had ended; "
+                       f"{aborted} in flight aborted, {not_sent} never sent")
+
+
+def wait_ready(base: str, client: httpx.Client, timeout_s: float = 120.0) -> None:
+    """Wait (bounded) for ``/health`` to answer 200: the server may still be loading its model
+    (503, or a timeout). Anything that waiting cannot fix fails at once: a URL that is not
+    http(s), a 4xx other than 429 (no health route here: not an LLM server's root URL), or a
+    connection refused for more than 5 s (nothing listens there).
+
+    Raises:
+        TargetError: the server is not ready within ``timeout_s`` seconds, or cannot become ready.
+    """
+    start = time.time()
+    deadline, last = start + timeout_s, "no answer"
+    while time.time() < deadline:
+        try:
+            r = client.get(f"{base}/health")
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+            if 400 <= r.status_code < 500 and r.status_code != 429:
+                raise TargetError(f"{base} is not an LLM server's root URL: GET /health answered HTTP {r.status_code}")
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise TargetError(f"{base} is not a server URL ({exc}); give http://host:port") from exc
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, httpx.ConnectError) and time.time() > start + 5:
+                break  # nothing listens there
+        time.sleep(0.2)
+    raise TargetError(f"{base} is not ready: {last}")
+
+
+def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
+             sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None,
+             stop=None) -> RunResult:
+    """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
+    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): send no more, drain a few seconds,
+    and report what was measured (verdict INTERRUPTED).
+
+    Raises:
+        TargetError: the server is unreachable or has no vlite block metrics.
+    """
+    base = url.rstrip("/")
+    sync = httpx.Client(timeout=10.0)
+    wait_ready(base, sync)
+    source = metrics_block_stats(base, sync)
+    try:
+        source()
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise TargetError(f"{base}/metrics is not a vlite server's metrics page: {type(exc).__name__}: {exc}") from exc
+    from vlite.diagnostics.checks import coverage
+    from vlite.diagnostics.workload.calibrate import calibrate, needs_calibration
+
+    if needs_calibration(specs):
+        specs = calibrate(specs, http_greedy(base, sync))
+    coverage_before = coverage.from_metrics_text(sync.get(f"{base}/metrics").text)
+    pid = listening_pid(base)
+    memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
+    sampler = Sampler(source, memory, sample_interval_s).start()
+
+    def probe() -> tuple[int, int | None]:
+        row = source()
+        return row["num_used_blocks"], memory.read().get("rss_bytes")
+
+    t0 = time.time()
+    try:
+        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop))
+    finally:
+        sampler.stop()
+    sampler.sample()
+    debug = sync.get(f"{base}/debug/blocks")
+    final_metrics = sync.get(f"{base}/metrics").text
+    snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
+        snapshot.from_metrics(parse_metrics(final_metrics))
+    sync.close()
+    snap.coverage = coverage.from_metrics_text(final_metrics) or snap.coverage
+    zopts = dict(zombie_options or {})
+    if not snap.request_history and replay.gauge_lags:  # no per-request timestamps: the running gauge
+        zopts["gauge_lag_s"] = round(max(replay.gauge_lags), 3)
+    findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
+                      zombie_options=zopts)
+    findings.interrupted = replay.interrupted
+    if pid is None:
+        findings.notes.append("server process not found locally: no RSS samples")
+    if memory.note:
+        findings.notes.append(memory.note)
+    facts = {"target": "http", "url": base, "server_pid": pid, "num_total_blocks": snap.num_total_blocks,
+             "num_requests": len(specs), "debug_endpoints": debug.status_code == 200,
+             "gpu_source": memory.gpu_source, "replay_s": round(time.time() - t0, 2),
+             "num_preemptions_total": None, "sampler_errors": sampler.errors, **(info or {})}
+    if replay.interrupted:
+        facts["interrupted"] = replay.interrupted
+    return RunResult(findings, sampler.frame(), replay, facts)

@@ -1,0 +1,237 @@
+"""In-process replay client: drives an LLMEngine and injects each request's client action.
+
+The client owns the step loop (as the async engine would), admits requests at their arrival
+offsets up to ``max_concurrency``, and after every ``idle_every`` admissions waits until the
+engine is idle: those idle points are the troughs the trend regression needs.
+
+An abort that raises (as the planted ``skip-free-on-abort`` does) is caught and recorded, the
+way a server logs an exception in a disconnect handler and carries on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
+from vlite.diagnostics.workload.sources import RequestSpec
+from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
+
+ROUTE = "leak-check"
+
+
+def sampling_params_for(spec: RequestSpec) -> SamplingParams:
+    return spec.sampling_params()
+
+
+class InProcessClient:
+    """Replays a workload against an ``LLMEngine`` in this process.
+
+    Args:
+        engine: the engine (stepped only by this client during ``replay``).
+        probe: returns (num_used_blocks, rss_bytes or None) for an idle point, optionally
+            followed by a dict of host-memory readings (``IdlePoint.host``).
+        stall_steps: steps without a new token or a finished request after which the client
+            gives up on everything in flight (a leak can exhaust the cache so that the
+            scheduler preempts forever); those requests end with outcome "stalled".
+    """
+
+    def __init__(self, engine: EngineClient, probe: Callable[[], tuple[int, int | None]], stall_steps: int = 300,
+                 view: EngineView | None = None) -> None:
+        self.engine = engine
+        self.view = view or EngineView(engine)
+        self.probe = probe
+        self.stall_steps = stall_steps
+        self._quiet_steps = 0
+        self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
+
+    def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0,
+               stop: threading.Event | None = None, interrupt_drain_s: float = 5.0) -> ReplayResult:
+        """Run ``specs`` to the end (every request finished, aborted or rejected) and drain.
+
+        ``idle_every`` > 0: after that many admissions, admit no more until the engine is idle.
+        ``stop`` (set by a first Ctrl-C, ``vlite.cli.interrupt``): send no more requests, abort
+        those in flight, drain for at most ``interrupt_drain_s`` seconds, and return what was
+        measured with ``interrupted`` set; the requests never sent keep outcome "not-sent".
+        """
+        engine = self.engine
+        queue = deque(sorted(specs, key=lambda s: s.arrival_s))
+        results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
+        inflight: dict[str, tuple[RequestSpec, float]] = {}
+        out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
+        t0, in_wave, completed = out.start_time, 0, 0
+        self._idle_point(out, 0)  # the baseline
+
+        def done(rid: str) -> None:
+            nonlocal completed
+            inflight.pop(rid, None)
+            completed += 1
+
+        while queue or inflight:
+            if stop is not None and stop.is_set():
+                self._interrupt(out, queue, inflight, results, done, interrupt_drain_s)
+                break
+            now = time.time()
+            wave_full = idle_every > 0 and in_wave >= idle_every
+            while queue and not wave_full and len(inflight) < max_concurrency and queue[0].arrival_s <= now - t0:
+                spec = queue.popleft()
+                in_wave += 1
+                wave_full = idle_every > 0 and in_wave >= idle_every
+                if self._admit(spec, results[spec.request_id]):
+                    inflight[spec.request_id] = (spec, time.time())
+                    if spec.action.kind == "abort-waiting":
+                        self._abort(spec.request_id, results[spec.request_id], "aborted while waiting")
+                        done(spec.request_id)
+                else:
+                    done(spec.request_id)
+            if wave_full and not inflight and (not engine.has_unfinished_requests() or self._stuck):
+                self._idle_point(out, completed)
+                in_wave, self._stuck = 0, False
+                continue
+            self._check_timeouts(inflight, results, done)
+            if engine.has_unfinished_requests():
+                self._step(inflight, results, done)
+                if self._quiet_steps >= self.stall_steps:
+                    self._give_up(out, inflight, results, done)
+            elif inflight:  # the engine dropped requests the client still waits for
+                for rid in list(inflight):
+                    results[rid].outcome, results[rid].detail = "lost", "engine has no unfinished request"
+                    results[rid].end_time = time.time()
+                    done(rid)
+            elif queue:
+                time.sleep(min(0.05, max(0.0, queue[0].arrival_s - (time.time() - t0))))
+        if out.interrupted is None:
+            self._drain(out)
+        self._idle_point(out, completed)
+        out.end_time = time.time()
+        return out
+
+    def _interrupt(self, out: ReplayResult, queue, inflight, results, done, drain_s: float) -> None:
+        """Stop early: the queued requests are not sent, those in flight are aborted (as clients
+        that left), and the engine is drained for at most ``drain_s`` seconds."""
+        not_sent = len(queue)
+        for spec in queue:
+            res = results[spec.request_id]
+            res.outcome, res.detail = "not-sent", "the run was interrupted before it was sent"
+        queue.clear()
+        aborted = len(inflight)
+        for rid in list(inflight):
+            self._abort(rid, results[rid], "the run was interrupted (Ctrl-C): the client left")
+            done(rid)
+        self._drain(out, deadline=time.time() + drain_s)
+        ended = sum(1 for r in out.requests if r.outcome not in ("not-sent", "pending"))
+        out.interrupted = (f"interrupted (Ctrl-C) after {ended - aborted} of {len(out.requests)} requests had ended; "
+                           f"{aborted} in flight aborted, {not_sent} never sent")
+
+    def _drain(self, out: ReplayResult, deadline: float | None = None) -> None:
+        """Step until the engine has nothing left, as a server keeps stepping after its clients
+        left (bounded by ``stall_steps`` and, if given, the ``deadline`` in ``time.time()``
+        seconds): a request that outlived its client runs out here."""
+        steps = 0
+        while self.engine.has_unfinished_requests() and steps < self.stall_steps \
+                and (deadline is None or time.time() < deadline):
+            self.engine.step()
+            steps += 1
+        if steps:
+            out.notes.append(f"the engine still had work after every client had left: {steps} more steps "
+                             + ("until it drained" if not self.engine.has_unfinished_requests()
+                                else "and it did not drain"))
+
+    def _give_up(self, out: ReplayResult, inflight, results, done) -> None:
+        s = self.view.stats()
+        if not inflight:  # sequences no client waits for never end: count the wave as over
+            out.notes.append(f"the engine never went idle: {s.num_running} running, {s.num_waiting} waiting "
+                             f"after {self._quiet_steps} steps without output, with no request in flight")
+            self._stuck, self._quiet_steps = True, 0
+            return
+        out.notes.append(f"the engine stalled: no token and no finished request in {self._quiet_steps} steps "
+                         f"({s.num_running} running, {s.num_waiting} waiting, {s.num_free_blocks} free of "
+                         f"{s.num_total_blocks} blocks); the client aborted its {len(inflight)} requests in flight")
+        for rid in list(inflight):
+            self._abort(rid, results[rid], "stalled engine: client gave up")
+            results[rid].outcome = "stalled" if results[rid].outcome == "aborted" else results[rid].outcome
+            done(rid)
+        self._quiet_steps = 0
+
+    def _idle_point(self, out: ReplayResult, completed: int) -> None:
+        if out.idle_points and out.idle_points[-1].requests_completed == completed:
+            return
+        used, rss, *host = self.probe()  # the in-process probe adds host readings
+        out.idle_points.append(IdlePoint(time.time(), completed, used, rss, host[0] if host else None))
+
+    def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
+        from vlite.engine import RequestRejectedError
+
+        res.arrival_time = time.time()
+        origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)
+        try:
+            self.engine.add_request(render_prompt(self.engine.tokenizer, spec), sampling_params_for(spec),
+                                    request_id=spec.request_id, origin=origin)
+        except (RequestRejectedError, ValueError) as exc:
+            res.outcome, res.detail, res.end_time = "rejected", str(exc), time.time()
+            return False
+        return True
+
+    def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
+        res.abort_step, res.tokens_at_abort = self.view.step, self.view.request_tokens(rid)
+        res.abort_time = res.end_time = time.time()
+        try:
+            self.engine.abort(rid)
+        except Exception as exc:  # noqa: BLE001 - a failing disconnect handler must not stop the server (or us)
+            res.outcome, res.detail = "abort-raised", f"{detail}; abort raised {type(exc).__name__}: {exc}"
+            return
+        res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
+
+    def _check_timeouts(self, inflight, results, done) -> None:
+        now = time.time()
+        for rid, (spec, t_admit) in list(inflight.items()):
+            if spec.action.kind == "client-timeout" and now - t_admit >= spec.action.timeout_s:
+                self._abort(rid, results[rid], f"client timed out after {now - t_admit:.2f} s")
+                done(rid)
+
+    def _step(self, inflight, results, done) -> None:
+        before = self.view.stats().generation_tokens_total
+        outputs = self.engine.step()
+        # Progress is a new token or a finished request (not just an output: a leak can make the
+        # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
+        progressed = any(o.finished for o in outputs) or self.view.stats().generation_tokens_total > before
+        self._quiet_steps = 0 if progressed else self._quiet_steps + 1
+        for ro in outputs:
+            res = results.get(ro.request_id)
+            if res is None or ro.request_id not in inflight:
+                continue
+            spec = inflight[ro.request_id][0]
+            res.num_output_tokens = max((len(c.token_ids) for c in ro.outputs), default=0)
+            if ro.finished:
+                res.finish_reason = ro.outputs[0].finish_reason
+                res.outcome = "error" if res.finish_reason == "error" else "finished"
+                res.detail, res.end_time = ro.error or "", time.time()
+                done(ro.request_id)
+            elif spec.action.kind in ("abort-after-tokens", "disconnect-stream") \
+                    and res.num_output_tokens >= spec.action.after_tokens:
+                what = "tokens" if spec.action.kind == "abort-after-tokens" else "chunks"
+                self._abort(ro.request_id, res, f"aborted after {res.num_output_tokens} {what}")
+                done(ro.request_id)
+            elif spec.action.kind == "abort-prefill":
+                self._abort(ro.request_id, res, "prefill ran in one step; aborted at its first token")
+                done(ro.request_id)
+        for rid, (spec, _) in list(inflight.items()):
+            if spec.action.kind not in ("abort-prefill", "abort-preempted", "abort-resumed"):
+                continue
+            p = self.view.request_progress(rid)
+            if p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
+                self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s), "
+                                               f"status {p['status']}")
+                done(rid)
+            elif p and spec.action.kind == "abort-resumed" and p["num_preemptions"] > 0 \
+                    and p["status"] == "running" and p["num_computed_tokens"] > 0:
+                self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s) and a "
+                                               f"resumption ({p['num_computed_tokens']} tokens recomputed)")
+                done(rid)
+            elif p and spec.action.kind == "abort-prefill" and p["num_computed_tokens"] > 0 \
+                    and p["num_output_tokens"] == 0:
+                self._abort(rid, results[rid], f"aborted during prefill, {p['num_computed_tokens']}/"
+                                               f"{p['num_prompt_tokens']} prompt tokens cached")
+                done(rid)

@@ -1,0 +1,69 @@
+"""Replaying a workload: how a request's prompt reaches a tokenizer, and what a replay records
+(per-request results as the client saw them, the idle points between waves), whichever target
+ran it (in process, HTTP, black box, or a server's log)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlite.diagnostics.workload.sources import RequestSpec
+
+
+@dataclass
+class RequestResult:
+    """What happened to one replayed request, as the client saw it.
+
+    outcome: finished | aborted | rejected | error | abort-raised | lost | not-sent (the run was
+    interrupted first).
+    times are ``time.time()`` seconds; ``detail`` says what the client observed
+    (e.g. "aborted during prefill, 32/97 prompt tokens cached").
+    """
+
+    request_id: str
+    action_kind: str
+    action_label: str
+    arrival_time: float
+    outcome: str = "pending"
+    finish_reason: str | None = None
+    num_output_tokens: int = 0
+    end_time: float | None = None
+    abort_time: float | None = None
+    detail: str = ""
+    # At the abort: the engine step (in process; None over HTTP) and output tokens the client had.
+    abort_step: int | None = None
+    tokens_at_abort: int | None = None
+
+
+@dataclass
+class IdlePoint:
+    """A moment when nothing was in flight: the trend's trough (used blocks, RSS bytes)."""
+
+    time: float
+    requests_completed: int
+    num_used_blocks: int
+    rss_bytes: int | None
+    host: dict | None = None  # in process: anon_swap_bytes, containers {path: entries} (host_memory.py)
+
+
+@dataclass
+class ReplayResult:
+    """Results per request (workload order) and the idle points seen."""
+
+    requests: list[RequestResult]
+    idle_points: list[IdlePoint] = field(default_factory=list)
+    start_time: float = 0.0
+    end_time: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
+    gauge_lags: list[float] = field(default_factory=list)
+    # Set when the replay was stopped early (Ctrl-C): what happened, in words; None for a full run.
+    interrupted: str | None = None
+
+
+def render_prompt(tokenizer, spec: RequestSpec) -> str:
+    """The prompt text the engine gets: a chat request's message rendered with the model's chat
+    template (transformers' ``apply_chat_template``), else the prompt as is."""
+    if spec.chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": spec.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return spec.prompt

@@ -1,0 +1,256 @@
+"""EngineLoop: the serving step loop, written once (vLLM V1's ``EngineCore`` busy loop).
+
+Nothing else touches the ``LLMEngine`` while it serves: adds, aborts and read-only queries
+arrive as commands and are applied between two steps, so an abort lands within one engine
+step. The loop runs in one of two places, and only the *transport* differs:
+
+- in a thread of the API process (``core_client.InprocClient``; ``vlite serve
+  --disable-frontend-multiprocessing``): commands come through a queue, events go straight to
+  the async client, which hands them to the event loop;
+- in an engine core process of its own (``engine_core.EngineCoreProc``, the default): commands
+  and events cross two pipes, pickled.
+
+The commands and events are listed in ``vlite.engine.serving.protocol``. An exception from one
+command (a rejected request, a planted fault in abort) or from one step is logged and handed to
+the affected requests; the loop itself keeps running. It stops on "stop", when its transport
+closes (the client is gone), or when the engine dies (a tensor-parallel rank failed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vlite.engine.core.sequence import FinishReason
+from vlite.engine.introspection import blocks_document
+from vlite.engine.metrics import EngineStats, StatsLogger
+from vlite.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vlite.engine.serving.protocol import Command, EngineNotRunningError, EngineRequest, Event
+
+logger = logging.getLogger("vlite.async_engine")  # the --log-stats line keeps its logger name
+
+IDLE_POLL_S = 1.0
+
+
+class TransportClosed(Exception):
+    """The client end of the transport is gone (its pipe closed): nobody is left to serve."""
+
+
+class LoopTransport(Protocol):
+    """How commands reach an ``EngineLoop`` and its events leave it."""
+
+    def receive(self, timeout: float) -> list[Command]:
+        """Every queued command, waiting up to ``timeout`` s for the first (0: do not wait).
+        Raises TransportClosed when the client is gone."""
+        ...
+
+    def send(self, events: list[Event], stats: Callable[[], EngineStats]) -> None:
+        """Hand one batch of events (maybe empty) and the engine's stats (``stats()``, taken
+        after the events) to the client."""
+        ...
+
+
+def _stats(engine, loop: EngineLoop) -> EngineStats:
+    return engine.stats()
+
+
+def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
+    return engine.live_state()["live_request_ids"]
+
+
+# Read-only queries a client may ask by name: fn(engine, loop) -> a picklable value.
+QUERIES: dict[str, Callable[[Any, EngineLoop], Any]] = {
+    "blocks_snapshot": blocks_document, "stats": _stats, "live_request_ids": _live_request_ids}
+
+
+@dataclass
+class _LiveRequest:
+    """A request the loop has added: its EngineRequest and the last output sent for it."""
+
+    request: EngineRequest
+    last: RequestOutput | None = None
+
+
+class EngineLoop:
+    """Apply the queued commands, step while requests are unfinished, send the events.
+
+    Args:
+        engine: the LLMEngine; while the loop runs only the loop touches it.
+        transport: where commands come from and events go (``LoopTransport``).
+        log_stats, log_stats_interval: log one stats line (vLLM's shape) every ``log_stats_interval`` s.
+    """
+
+    def __init__(self, engine, transport: LoopTransport, *, log_stats: bool = False,
+                 log_stats_interval: float = 10.0) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.idle_timeout = log_stats_interval if log_stats else IDLE_POLL_S
+        self._live: dict[str, _LiveRequest] = {}
+        self._events: list[Event] = []
+        self._stats_logger = StatsLogger(logger, log_stats_interval) if log_stats else None
+
+    @property
+    def num_live(self) -> int:
+        """Requests in flight (entries; ``async.live`` in ``EngineView.registries``)."""
+        return len(self._live)
+
+    def run(self) -> None:
+        """Serve until "stop", until the transport closes, or until the engine dies."""
+        stopping = False
+        while not stopping:
+            try:
+                idle = not self.engine.has_unfinished_requests()
+                stopping = self._apply(self.transport.receive(self.idle_timeout if idle else 0))
+                self._publish()  # adds, aborts and their stats go out before the step
+                if not stopping and self.engine.has_unfinished_requests():
+                    self._step()
+                    self._publish()
+                    stopping = self._engine_died()
+                self._maybe_log_stats()
+            except TransportClosed:
+                logger.info("engine loop: its client is gone, exiting")
+                return
+            except Exception:  # never let the loop die: log it and go on
+                logger.exception("engine loop iteration failed")
+                self._publish()
+        self._refuse_pending()
+        self._publish()
+
+    # ---- commands -----------------------------------------------------------------------------
+    def _apply(self, commands: list[Command]) -> bool:
+        """Apply ``commands`` in order; True when a "stop" came (everything is aborted then)."""
+        stop = False
+        for kind, arg in commands:
+            if kind == "add":
+                self._add(*arg)
+            elif kind == "abort":
+                for rid in arg:
+                    self._abort(rid)
+            elif kind == "abort_all":
+                self._abort_all()
+            elif kind == "call":
+                self._call(*arg)
+            elif kind == "stop":
+                stop = True
+        if stop:
+            self._abort_all()
+        return stop
+
+    def _refuse_pending(self) -> None:
+        """Answer commands that raced with "stop", so that no caller waits forever."""
+        refused = EngineNotRunningError("the engine loop has stopped")
+        try:
+            commands = self.transport.receive(0)
+        except TransportClosed:
+            return
+        for kind, arg in commands:
+            if kind == "add":
+                self._events.append(("added", arg[0], refused))
+            elif kind == "call":
+                self._events.append(("result", arg[0], None, refused))
+
+    def _add(self, add_id: int, requests: list[EngineRequest]) -> None:
+        """Add ``requests`` all or none: on the first failure those already added are aborted
+        without an output, and the exception goes back in the "added" event."""
+        added: list[str] = []
+        exc: Exception | None = None
+        try:
+            for r in requests:
+                self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
+                                        request_id=r.request_id, origin=r.origin)
+                added.append(r.request_id)
+                self._live[r.request_id] = _LiveRequest(r)
+        except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+            for rid in added:
+                self._abort(rid, deliver=False)
+            exc = e
+        self._events.append(("added", add_id, exc))
+
+    def _abort(self, request_id: str, deliver: bool = True) -> None:
+        """Free one request through the engine's one abort path and send its final "abort"
+        output; nothing if it already finished. A failing abort (the planted fault
+        skip-free-on-abort) is logged; the loop keeps serving."""
+        entry = self._live.pop(request_id, None)
+        if entry is None:
+            return  # already finished (or never added): nothing to free
+        try:
+            self.engine.abort(request_id)
+        except Exception:
+            logger.exception("abort of request %r failed", request_id)
+        self._events.append(("out", aborted_output(entry.request, entry.last), deliver))
+
+    def _abort_all(self) -> None:
+        if self._live:
+            logger.info("aborting %d request(s) in flight", len(self._live))
+        for rid in list(self._live):
+            self._abort(rid)
+
+    def _call(self, call_id: int, query: str | Callable[[Any], Any]) -> None:
+        try:
+            value = query(self.engine) if callable(query) else QUERIES[query](self.engine, self)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
+            self._events.append(("result", call_id, None, exc))
+        else:
+            self._events.append(("result", call_id, value, None))
+
+    # ---- steps --------------------------------------------------------------------------------
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            # step() turns model errors into per-request "error" outputs; anything that escapes
+            # leaves the batch in an unknown state, so end every request in flight.
+            logger.exception("engine step failed; aborting the requests in flight")
+            for rid in list(self._live):
+                self._abort(rid, deliver=False)
+                self._events.append(("error", rid, f"engine step failed: {exc}"))
+            return
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            if live is not None:
+                live.last = out
+                if out.finished:
+                    del self._live[out.request_id]
+            self._events.append(("out", out, live is not None))
+
+    def _engine_died(self) -> bool:
+        """True (after aborting everything in flight) when the engine can run nothing more."""
+        reason = getattr(self.engine, "dead_error", None)
+        if reason is None:
+            return False
+        logger.error("the engine died: %s", reason)
+        self._abort_all()
+        return True
+
+    def _publish(self) -> None:
+        events, self._events = self._events, []
+        self.transport.send(events, self.engine.stats)
+
+    def _maybe_log_stats(self) -> None:
+        if self._stats_logger is not None:
+            self._stats_logger.maybe_log(self.engine.stats)
+
+
+def aborted_output(r: EngineRequest, last: RequestOutput | None) -> RequestOutput:
+    """The final output of an aborted request ``r``: its last output ``last``, marked finished.
+
+    It has one CompletionOutput per choice (``sampling_params.n``): a choice that had already
+    finished keeps its finish_reason, every other one gets "abort" (a choice not seen yet, or a
+    beam search that had not finished, gets an empty one), so a stream can end every choice.
+    """
+    now = time.time()
+    abort = FinishReason.ABORT.value
+    n = r.sampling_params.n
+    if last is not None:
+        by_index = {c.index: dataclasses.replace(c, finish_reason=c.finish_reason or abort) for c in last.outputs}
+        completions = [by_index.get(i) or CompletionOutput(i, "", [], finish_reason=abort) for i in range(n)]
+        metrics = dataclasses.replace(last.metrics, finished_time=now)
+        return dataclasses.replace(last, outputs=completions, finished=True, metrics=metrics,
+                                   stream_holdback=0, new_token_ids=[])
+    return RequestOutput(r.request_id, r.prompt, list(r.prompt_token_ids or []),
+                         [CompletionOutput(i, "", [], finish_reason=abort) for i in range(n)], True,
+                         r.origin, RequestMetrics(r.origin.arrival_time, finished_time=now))
