@@ -35,7 +35,7 @@ interop: setup
 # Not in .ci/run (the lm-eval install alone takes minutes): lm-evaluation-harness's local-completions
 # against vlite serve vs its hf model on the same weights, in .venv-lmeval. See docs/serve.md.
 lm-eval-parity: setup
-	bash benchmarks/lm_eval_parity.sh
+	bash benchmarks/quality/lm_eval_parity.sh
 
 lint: setup
 	$(VENV)/bin/ruff check vlite tests benchmarks

@@ -46,7 +46,7 @@ _TOKENIZER = None
 
 
 # A directory holding the default model's tokenizer files alone (tokenizer.json, tokenizer_config.json):
-# where the 98 MB GGUF package cannot go (the GPU machine, benchmarks/gpu_check.sh), the tiny test
+# where the 98 MB GGUF package cannot go (the GPU machine, benchmarks/gpu/gpu_check.sh), the tiny test
 # models take their tokenizer from there.
 TOKENIZER_DIR_ENV = "VLITE_TEST_TOKENIZER_DIR"
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_e2e.py's teacher-forced parity check (run on the GPU by gpu_check.sh), on the CPU:
+"""benchmarks/gpu/gpu_e2e.py's teacher-forced parity check (run on the GPU by gpu_check.sh), on the CPU:
 it passes on vlite's real output and fails when the output is not transformers' argmax."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_e2e.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gpu_e2e.py"
 
 
 @pytest.fixture(scope="module")

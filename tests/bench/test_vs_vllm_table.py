@@ -1,4 +1,4 @@
-"""benchmarks/vs_vllm_table.py: the ratio table that says whether issue 13's targets are met."""
+"""benchmarks/vs_vllm/vs_vllm_table.py: the ratio table that says whether issue 13's targets are met."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_vllm_table.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_vllm" / "vs_vllm_table.py"
 
 
 @pytest.fixture(scope="module")

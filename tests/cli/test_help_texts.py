@@ -63,7 +63,7 @@ def test_pluralisation():
 
 
 def test_mutants_help_ends_its_sentences():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutants.py"), "--help"], capture_output=True,
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "leak_check" / "mutants.py"), "--help"], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     description = " ".join(res.stdout.split("\n\n")[1].split())

@@ -1,6 +1,6 @@
 """The CPU-testable parts of the CUDA path: decode-graph buckets and padding, and the KV-cache
 budget arithmetic of ``--gpu-memory-utilization`` (with torch.cuda's memory queries faked).
-Capture and replay themselves need a GPU (benchmarks/gpu_check.sh)."""
+Capture and replay themselves need a GPU (benchmarks/gpu/gpu_check.sh)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ kernel is interpreted when the kernel, and Triton's own library, are first decor
 when ``triton`` is first imported, and other tests import it early (transformers does). So
 ``test_triton_kernels.py`` runs this file in a fresh pytest process with TRITON_INTERPRET=1
 on machines without a GPU; on a GPU ``pytest tests/kernels/triton_kernel_cases.py`` runs the compiled
-kernels (``benchmarks/gpu_check.sh`` does that).
+kernels (``benchmarks/gpu/gpu_check.sh`` does that).
 
 Every test draws fresh random inputs (the seed is in the failure message), poisons the
 output with NaN first so that an element the kernel never wrote fails, and compares with

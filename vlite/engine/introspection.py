@@ -86,6 +86,10 @@ class Coverage:
     prefix_hit_tokens: prompt tokens served from the prefix cache (tokens).
     forks: fork calls (n > 1 samples, beam search); copy_on_write: block copies;
     beam_prunes: beams dropped by beam search.
+    features: requests admitted, by request-API feature (``core/request_features.py``:
+        "structured:json", "logprobs", "logit_bias", "n > 1", ...).
+    aborts_by_family: aborted sequences by "<family>: <state>" ("n > 1: prefill",
+        "beam search: decode", "structured output: decode", "single: waiting", ...).
     """
 
     allocation_sites: Mapping[str, int]
@@ -97,12 +101,15 @@ class Coverage:
     forks: int
     copy_on_write: int
     beam_prunes: int
+    features: Mapping[str, int] = field(default_factory=dict)
+    aborts_by_family: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"allocation_sites": dict(self.allocation_sites), "finish_reasons": dict(self.finish_reasons),
                 "abort_states": dict(self.abort_states), "preemptions": self.preemptions,
                 "resumptions": self.resumptions, "prefix_hit_tokens": self.prefix_hit_tokens, "forks": self.forks,
-                "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes}
+                "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes,
+                "features": dict(self.features), "aborts_by_family": dict(self.aborts_by_family)}
 
 
 @dataclass(frozen=True)
@@ -234,7 +241,8 @@ class EngineView:
         return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(sched.finish_counts)),
                         MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
                         sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
-                        sched.num_beam_prunes)
+                        sched.num_beam_prunes, MappingProxyType(dict(sched.feature_counts)),
+                        MappingProxyType(dict(sched.aborts_by_family)))
 
     def snapshot(self) -> EngineSnapshot:
         """Registries, histories and coverage in one frozen object."""

@@ -88,6 +88,9 @@ def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
                 ("vlite:sequence_finished", "Sequences ended, by finish kind.", "kind", cov.finish_reasons),
                 ("vlite:sequence_aborted", "Sequences aborted, by the state they were in.", "state",
                  cov.abort_states)]
+    labelled += [("vlite:request_feature", "Requests admitted, by request-API feature.", "feature", cov.features),
+                 ("vlite:sequence_aborted_by_family", "Sequences aborted, by request family and state.",
+                  "family_state", cov.aborts_by_family)]
     for name, doc, label, counts in labelled:
         c = CounterMetricFamily(name, doc, labels=["model_name", label])
         for key, value in sorted(counts.items()):

@@ -113,7 +113,7 @@ void decode(const T* q, const T* kc, const T* vc, const int64_t* bt, const int64
       // of the job before the next chunk, and ask for the next chunk's rows ahead: blocks are
       // scattered, so the hardware prefetcher restarts at each one (measured: reading scattered
       // 12 KB runs one head's rows at a time 5.7 GB/s, whole runs 7.8, whole runs with the next
-      // asked for ahead 12.9, on the Zen 4 machine of 2026-12-02: benchmarks/scattered_read.c).
+      // asked for ahead 12.9, on the Zen 4 machine of 2026-12-02: benchmarks/kernels/experiments/scattered_read.c).
       const int64_t job_bytes = heads_per_job * dim * static_cast<int64_t>(sizeof(T));
       // The next chunk's rows for the job's heads (none past len), asked for over `steps` steps of
       // the work on this one: with whole slots, one contiguous run spread over the steps; else

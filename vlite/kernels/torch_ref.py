@@ -36,7 +36,7 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 # Longest context (tokens) of a prefill chunk that the decode kernel attends row by row (each
 # query token as a decode row over its causal prefix): its K/V stay in the core's L2 and it runs
 # 1.8-2.3x faster than SDPA's flash path up to 512 tokens, 1.2x at 1,024 and even at 2,048
-# (float32, benchmarks/cpu_kernels.py).
+# (float32, benchmarks/kernels/cpu_kernels.py).
 KERNEL_PREFILL_MAX_CONTEXT = 1024
 
 
@@ -139,12 +139,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, 
     and each KV head is expanded over its G query heads as a stride-0 view, with no copy. On
     CPU, SDPA with ``enable_gqa=True`` falls back to the math path (it materializes the
     [Hq, Lq, Lk] scores: 45 ms for 1,024 tokens of SmolLM2, against 10 ms this way;
-    ``benchmarks/cpu_kernels.py``).
+    ``benchmarks/kernels/cpu_kernels.py``).
     """
     if q.dtype != torch.float32:
         # bf16/fp16 on CPU: widened to float32 (exact) for the flash path, one rounding at the end.
         # SDPA's bf16 flash path rounds inside (W1's greedy bf16 tokens agreed with float32 at 64%
-        # of positions, benchmarks/bf16_agreement.py); its bf16 math path agreed at 79% but costs
+        # of positions, benchmarks/quality/bf16_agreement.py); its bf16 math path agreed at 79% but costs
         # 2x the float32 flash path in time
         if q.device.type == "cpu":
             return _attend(q.float(), k.float(), v.float(), num_cached, scale).to(q.dtype)

@@ -32,7 +32,31 @@ PATHS: dict[str, callable] = {
                                          + c.get("abort_states", {}).get("resumed", 0)) > 0,
     "abort after resumption": lambda c: c.get("abort_states", {}).get("resumed", 0) > 0,
 }
-_COUNTS = ("allocation_sites", "finish_reasons", "abort_states")
+# The request API (issue 33): every feature that takes its own engine path, and aborts of each
+# request family in the states where its bookkeeping differs.
+_F = "features"
+PATHS.update({
+    "structured output: json schema": lambda c: c.get(_F, {}).get("structured:json", 0) > 0,
+    "structured output: regex": lambda c: c.get(_F, {}).get("structured:regex", 0) > 0,
+    "structured output: choice": lambda c: c.get(_F, {}).get("structured:choice", 0) > 0,
+    "structured output: grammar": lambda c: c.get(_F, {}).get("structured:grammar", 0) > 0,
+    "structured output: json_object": lambda c: c.get(_F, {}).get("structured:json_object", 0) > 0,
+    "logprobs": lambda c: c.get(_F, {}).get("logprobs", 0) > 0,
+    "prompt_logprobs": lambda c: c.get(_F, {}).get("prompt_logprobs", 0) > 0,
+    "logit_bias": lambda c: c.get(_F, {}).get("logit_bias", 0) > 0,
+    "allowed_token_ids": lambda c: c.get(_F, {}).get("allowed_token_ids", 0) > 0,
+    "bad_words": lambda c: c.get(_F, {}).get("bad_words", 0) > 0,
+    "penalties (repetition, presence, frequency)": lambda c: c.get(_F, {}).get("penalties", 0) > 0,
+    "top_k / top_p / min_p": lambda c: c.get(_F, {}).get("top_k/top_p/min_p", 0) > 0,
+    "min_tokens": lambda c: c.get(_F, {}).get("min_tokens", 0) > 0,
+    "seeded sampling": lambda c: c.get(_F, {}).get("seed", 0) > 0,
+    "abort during prefill (n > 1)": lambda c: c.get("aborts_by_family", {}).get("n > 1: prefill", 0) > 0,
+    "abort during decode (n > 1)": lambda c: c.get("aborts_by_family", {}).get("n > 1: decode", 0) > 0,
+    "abort during decode (beam search)": lambda c: c.get("aborts_by_family", {}).get("beam search: decode", 0) > 0,
+    "abort (structured output)": lambda c: any(k.startswith("structured output:") and v > 0
+                                               for k, v in c.get("aborts_by_family", {}).items()),
+})
+_COUNTS = ("allocation_sites", "finish_reasons", "abort_states", "features", "aborts_by_family")
 _SCALARS = ("preemptions", "resumptions", "prefix_hit_tokens", "forks", "copy_on_write", "beam_prunes")
 
 
@@ -63,7 +87,9 @@ def from_metrics_text(text: str) -> dict | None:
 
     labelled = {"vlite:kv_block_allocations_total": ("allocation_sites", "site"),
                 "vlite:sequence_finished_total": ("finish_reasons", "kind"),
-                "vlite:sequence_aborted_total": ("abort_states", "state")}
+                "vlite:sequence_aborted_total": ("abort_states", "state"),
+                "vlite:request_feature_total": ("features", "feature"),
+                "vlite:sequence_aborted_by_family_total": ("aborts_by_family", "family_state")}
     scalars = {"vlite:num_preemptions_total": "preemptions", "vlite:num_resumptions_total": "resumptions",
                "vlite:prefix_cache_hits_total": "prefix_hit_tokens", "vlite:forks_total": "forks",
                "vlite:copy_on_write_total": "copy_on_write", "vlite:beam_prunes_total": "beam_prunes"}
@@ -88,6 +114,8 @@ def lines(cov: dict | None) -> list[str]:
     sites = ", ".join(f"{k} {v}" for k, v in cov["allocation_sites"].items()) or "none"
     finishes = ", ".join(f"{k} {v}" for k, v in cov["finish_reasons"].items()) or "none"
     aborts = ", ".join(f"{k} {v}" for k, v in cov.get("abort_states", {}).items()) or "none"
+    features = ", ".join(f"{k} {v}" for k, v in cov.get("features", {}).items()) or "none"
+    families = ", ".join(f"{k} {v}" for k, v in cov.get("aborts_by_family", {}).items()) or "none"
     # finishes and aborts count sequences: an n > 1 or beam request that is aborted counts once
     # per live sequence, so these exceed the "aborted requests" of the zombie line
     out = [f"coverage: allocations by site: {sites}",
@@ -95,7 +123,9 @@ def lines(cov: dict | None) -> list[str]:
            "(sequences, not requests: an n > 1 or beam-search request has several)",
            f"coverage: {cov['preemptions']} preemptions, {cov.get('resumptions', 0)} resumptions, "
            f"{cov['prefix_hit_tokens']} prefix-hit tokens, {cov['forks']} forks, {cov['copy_on_write']} "
-           f"copy-on-write copies, {cov['beam_prunes']} beam prunes"]
+           f"copy-on-write copies, {cov['beam_prunes']} beam prunes",
+           f"coverage: requests by feature: {features}",
+           f"coverage: sequences aborted, by request family and state: {families}"]
     out += [f"not exercised: {p}" for p in cov["not_exercised"]]
     if not cov["not_exercised"]:
         out.append(f"coverage: all {len(PATHS)} engine paths of the checklist exercised")

@@ -70,6 +70,10 @@ def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
         body["min_tokens"] = spec.min_tokens
     if spec.beam_width > 1:
         body.update(use_beam_search=True, best_of=spec.beam_width, temperature=0.0)
+    extra = dict(spec.extra_params)
+    if extra.get("logit_bias"):
+        extra["logit_bias"] = {str(k): v for k, v in extra["logit_bias"].items()}  # JSON keys are strings
+    body.update(extra)
     if spec.chat:
         body["messages"] = [{"role": "user", "content": spec.prompt}]
         if spec.logprobs is not None:

@@ -2,7 +2,8 @@
 finish path of the engine, several times each.
 
 Each request gets one *kind*, drawn from a seeded RNG with the weights below (and the first
-requests cycle through every kind, so that even a small run has each at least once):
+requests cycle through every kind, so that even a small run has each at least once, then a
+second shared-prefix request on the first one's prefix):
 
 =================  =====================================================================
 kind               what it exercises
@@ -16,7 +17,18 @@ chat-eos           a chat message with the model's chat template, ignore_eos off
                    EOS finish on an instruction-tuned model
 stop-token         greedy, stop_token_ids from a calibration run: a stop-token finish
 stop-string        greedy, a stop string spanning two tokens from a calibration run
+structured         structured output, each form in turn: a JSON schema, a regex, a
+                   choice, a Lark grammar, a JSON object (grammar matchers, "stop:grammar")
+logprobs           logprobs and prompt_logprobs (over HTTP: a completion with echo)
+sampling-knobs     seeded random sampling with top_k/top_p/min_p, the three penalties,
+                   logit_bias, bad_words, min_tokens; every other one allowed_token_ids
 =================  =====================================================================
+
+After the first cycle through the kinds, when the run aborts in ``mix`` mode, *abort probes*
+make sure the request families whose bookkeeping differs are aborted where it matters: n > 1
+with a long prompt during its chunked prefill, n > 1 during decode, beam search during decode,
+structured output during decode, and in process a plain request after its preemption and one
+after its resumption.
 
 Client actions come from ``--abort-rate`` / ``--abort-mode`` as for the plain synthetic
 workload; in process, ``mix`` also draws ``abort-preempted`` and ``abort-resumed`` (a client
@@ -36,11 +48,27 @@ from vlite.diagnostics.workload.sources import (
     synthetic_prompt,
 )
 
-KINDS: dict[str, float] = {"plain": 0.30, "shared-prefix": 0.18, "samples": 0.12, "beam": 0.08, "chat-eos": 0.12,
-                           "stop-token": 0.10, "stop-string": 0.10}
+KINDS: dict[str, float] = {"plain": 0.20, "shared-prefix": 0.14, "samples": 0.10, "beam": 0.07, "chat-eos": 0.10,
+                           "stop-token": 0.08, "stop-string": 0.08, "structured": 0.11, "logprobs": 0.06,
+                           "sampling-knobs": 0.06}
+# (kind, client action) planned right after the first cycle when the run aborts at all
+# (beam search streams nothing before it ends: its probe is a client that times out mid-decode)
+ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"), ("beam", "client-timeout"),
+                ("structured", "abort-after-tokens"))
+# Structured-output forms, in turn (StructuredOutputsParams fields).
+STRUCTURED_FORMS = (
+    {"json": {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}},
+    {"regex": "[a-z]{2,6}( [a-z]{2,6}){1,3}"},
+    {"choice": ["yes", "no", "maybe"]},
+    {"grammar": 'start: "x" NUM+\nNUM: /[0-9]/'},
+    {"json_object": True},
+)
+KNOB_TOKEN_IDS = tuple(range(100, 164))  # token ids every vocabulary has (logit_bias, allowed_token_ids)
 NUM_PREFIXES = 4
 PREFIX_LEN = 48  # tokens: three full 16-token blocks
 LONG_PROMPT = 300  # tokens: an abort-prefill request's prompt, longer than a 256-token step budget
+LONG_PROMPT_SAMPLES = 264  # the same for n = 2 samples (runs of 100 requests or more: their pool holds it twice)
 LATE_OUTPUT = 48  # tokens: the least output of a request planned to abort after a preemption
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # tokens per step for the default run: long prompts are chunked
 CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one word: yes or no?",
@@ -67,17 +95,34 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     rng, arrivals = seeded_arrivals(num_requests, input_len, output_len, request_rate, seed)
     names, weights = list(KINDS), list(KINDS.values())
     specs = []
+    probes = ABORT_PROBES if abort_rate > 0 and abort_mode == "mix" else ()
+    if probes and in_process:  # a client sees preemption only in process
+        probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
+    cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
     for i, t in enumerate(arrivals):
-        kind = names[i] if i < len(names) else rng.choices(names, weights)[0]
+        kind = cycle[i] if i < len(cycle) else rng.choices(names, weights)[0]
         n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
         action = plan_action(rng, abort_rate, abort_mode, n_out)
         if in_process and abort_mode == "mix" and action.is_abort and rng.random() < 0.25:
             action = ClientAction(rng.choice(("abort-preempted", "abort-resumed")))
-        if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix"):
+        if i == len(cycle) - 1:
+            action = ClientAction()  # the prefix hit must happen: this one runs to the end
+        if 0 <= i - len(cycle) < len(probes):
+            kind, probe = probes[i - len(cycle)]
+            # an n > 1 prefill probe: 2 samples, few tokens (the engine admits n x (prompt + max_tokens))
+            n_out = 8 if probe == "abort-prefill" else max(n_out, 12)
+            action = (ClientAction(probe, after_tokens=2) if probe == "abort-after-tokens"
+                      else ClientAction(probe, timeout_s=0.3) if probe == "client-timeout" else ClientAction(probe))
+            if probe in ("abort-preempted", "abort-resumed"):
+                n_out = max(n_out, LATE_OUTPUT)
+        if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix", "logprobs", "sampling-knobs"):
             n_in = LONG_PROMPT
+        elif action.kind == "abort-prefill" and kind == "samples" and num_requests >= 100:
+            n_in = LONG_PROMPT_SAMPLES  # admitted as 2 x (prompt + max_tokens): a smaller run's pool would grow
         if action.kind in ("abort-preempted", "abort-resumed"):
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
-        specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix))
+        nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
+        specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix, nth))
     wave = wave_size or max(1, num_requests // 5)
     late = ("abort-preempted", "abort-resumed")
     out = []
@@ -99,21 +144,36 @@ def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int
 
 
 def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientAction, rng: random.Random,
-          prefix: str) -> RequestSpec:
+          prefix: str, nth: int = 0) -> RequestSpec:
     rid, tag = f"{prefix}-{i:05d}", f"path:{kind}"
     prompt = synthetic_prompt(rng, n_in)
     if kind == "shared-prefix":
-        pid = f"p{rng.randrange(NUM_PREFIXES)}"
+        pid = "p0" if nth < 2 else f"p{rng.randrange(NUM_PREFIXES)}"  # the first two share one prefix
         return RequestSpec(rid, t, shared_prefix(pid, PREFIX_LEN) + " " + prompt, n_in + PREFIX_LEN, n_out, action,
                            client_tag=tag)
     if kind == "samples":
-        return RequestSpec(rid, t, prompt, n_in, n_out, action, temperature=1.0, seed=i, n=rng.choice((2, 3)),
-                           client_tag=tag)
+        n = 2 if action.kind == "abort-prefill" else rng.choice((2, 3))  # a long prompt twice fits the pool
+        return RequestSpec(rid, t, prompt, n_in, n_out, action, temperature=1.0, seed=i, n=n, client_tag=tag)
     if kind == "beam":
         return RequestSpec(rid, t, prompt, n_in, max(4, n_out // 2), action, n=2, beam_width=3, client_tag=tag)
     if kind == "chat-eos":
         return RequestSpec(rid, t, rng.choice(CHAT_MESSAGES), 16, 48, action, ignore_eos=False, chat=True,
                            client_tag=tag)
+    if kind == "structured":
+        form = STRUCTURED_FORMS[nth % len(STRUCTURED_FORMS)]
+        return RequestSpec(rid, t, prompt, n_in, max(12, n_out), action, ignore_eos=False, client_tag=tag,
+                           extra_params={"structured_outputs": dict(form)})
+    if kind == "logprobs":
+        return RequestSpec(rid, t, prompt, n_in, n_out, action, logprobs=2, client_tag=tag,
+                           extra_params={"prompt_logprobs": 1})
+    if kind == "sampling-knobs":
+        knobs = {"top_k": 20, "min_p": 0.02, "repetition_penalty": 1.1, "presence_penalty": 0.3,
+                 "frequency_penalty": 0.2, "logit_bias": {KNOB_TOKEN_IDS[0]: 2.0, KNOB_TOKEN_IDS[1]: -2.0},
+                 "bad_words": ["zebra"]}
+        if nth % 2:
+            knobs["allowed_token_ids"] = list(KNOB_TOKEN_IDS)
+        return RequestSpec(rid, t, prompt, n_in, n_out, action, temperature=0.8, top_p=0.95, seed=i,
+                           min_tokens=min(2, n_out), client_tag=tag, extra_params=knobs)
     k = rng.randint(1, max(1, min(6, n_out - 3)))
     if kind == "stop-token":
         return RequestSpec(rid, t, prompt, n_in, n_out, action, stop_token_at=k, client_tag=tag)

@@ -55,6 +55,10 @@ class RequestSpec:
     # Resolved by a greedy calibration run of the same prompt before the replay (calibrate.py):
     stop_token_at: int | None = None  # stop on the token greedy decoding puts at this output index
     stop_string_at: int | None = None  # stop on a string spanning output tokens k and k + 1
+    # More SamplingParams fields by vLLM's name (logit_bias, prompt_logprobs, repetition_penalty,
+    # top_k, min_p, allowed_token_ids, bad_words, structured_outputs as a dict of its fields, ...);
+    # over HTTP the same fields of vLLM's OpenAI API. Not hashed (a dict).
+    extra_params: dict = field(default_factory=dict, hash=False)
 
     @property
     def stream(self) -> bool:
@@ -66,12 +70,17 @@ class RequestSpec:
         Raises:
             ValueError: a field out of range (SamplingParams' message names it).
         """
-        from vlite.engine import SamplingParams
+        from vlite.engine import SamplingParams, StructuredOutputsParams
 
+        extra = dict(self.extra_params)
+        if isinstance(extra.get("structured_outputs"), dict):
+            extra["structured_outputs"] = StructuredOutputsParams(**extra["structured_outputs"])
+        if extra.get("logit_bias"):
+            extra["logit_bias"] = {int(k): float(v) for k, v in extra["logit_bias"].items()}
         return SamplingParams(max_tokens=self.max_tokens, min_tokens=self.min_tokens, temperature=self.temperature,
                               top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos, n=self.n,
                               stop=list(self.stop), stop_token_ids=list(self.stop_token_ids), logprobs=self.logprobs,
-                              beam_width=self.beam_width)
+                              beam_width=self.beam_width, **extra)
 
 
 def synthetic_prompt(rng: random.Random, num_tokens: int) -> str:

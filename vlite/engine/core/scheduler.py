@@ -28,6 +28,7 @@ from vlite.engine.core.kv_cache_manager import KVCacheManager
 from vlite.engine.core.ledger import AllocationSite
 from vlite.engine.core.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
 from vlite.engine.core.request import Request, RequestRecord
+from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
 from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from vlite.engine.core.structured_output import StructuredOutputManager
@@ -82,6 +83,9 @@ class Scheduler:
         # sequences by the state they were in, beams pruned.
         self.finish_counts: Counter[str] = Counter()
         self.abort_states: Counter[str] = Counter()
+        # coverage of the request API: requests by feature, aborted sequences by "family: state"
+        self.feature_counts: Counter[str] = Counter()
+        self.aborts_by_family: Counter[str] = Counter()
         self.num_beam_prunes = 0
 
     # ---- queue management ----------------------------------------------------------------
@@ -103,6 +107,7 @@ class Scheduler:
             raise
         self.requests[request.request_id] = request
         self.waiting.extend(request.live)
+        self.feature_counts.update(request_features(request.params))
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a new request made of one sequence (no beam search)."""
@@ -453,8 +458,10 @@ class Scheduler:
             sequence of the request has been taken out of the queues.
         """
         seqs = list(self.requests.get(request_id, ()))
+        family = request_family(self.requests[request_id].params) if seqs else None
         for seq in seqs:
             self.abort_states[_abort_state(seq)] += 1
+            self.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
         errors = []
         for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
             try:

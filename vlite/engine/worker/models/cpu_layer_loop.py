@@ -3,7 +3,7 @@
 The Python loop over the layers (``LlamaForCausalLM.forward``) calls nine C++ kernels per layer;
 between them go module calls, dispatch and argument checks, about 0.1 ms per layer, while the
 other OpenMP thread waits. Without them a SmolLM2 decode step on two cores takes 6-14% less time
-(``benchmarks/layer_loop.py``; docs/kernels.md, "The decoder layers in one C++ call"). ``CpuLayerLoop`` hands
+(``benchmarks/throughput/layer_loop.py``; docs/kernels.md, "The decoder layers in one C++ call"). ``CpuLayerLoop`` hands
 the whole loop to C++, which calls the same kernels with the same arguments in the same order:
 its hidden states equal the Python loop's bit for bit (tests/engine/test_cpu_layer_loop.py). It
 also releases the GIL for the whole forward, not once per kernel.

@@ -11,7 +11,7 @@ Three CPU GEMMs (``EngineConfig.cpu_gemm`` or ``VLITE_CPU_GEMM``):
     vLLM's CPU backend also calls a oneDNN matmul on a weight reordered once at load,
     ``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``). Why not plain
     ``F.linear``: in float32 it calls MKL's sgemm, which takes a path without AVX-512 on AMD CPUs
-    (150 against 360 GFLOP/s at 64 rows on the Zen 5 machine, ``benchmarks/cpu_kernels.py``).
+    (150 against 360 GFLOP/s at 64 rows on the Zen 5 machine, ``benchmarks/kernels/cpu_kernels.py``).
   * "torch": ``F.linear`` on the plain weight.
 "auto" takes the first of these that runs the weights' dtype here.
 """

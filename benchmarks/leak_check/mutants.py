@@ -1,0 +1,270 @@
+"""Mutation check of `vlite leak-check`: plant defects of our own, one at a time, and count how
+many the default command and `--scenario all` catch.
+
+Each mutant is a textual patch of one engine source file, applied to a temporary copy of the
+`vlite` package (never to this tree); the leak check then runs from that copy in a fresh
+process (the editable install's import hook is removed, so the copy really is what runs).
+None of them is one of the `--inject-fault` faults. A mutant is *caught* when the command
+exits 1 (LEAK or ZOMBIE); for the default command the script also shows what the report
+blamed (the leaked blocks' owner actions and sites, or the registries, zombies, anomalies).
+The clean tree is run the same way first: both commands must exit 0 (no false positive).
+
+The model is a tiny random Llama with SmolLM2's tokenizer (built once under --workdir), whose
+EOS ids are set to tokens its greedy decoding of the chat prompts produces, so that EOS finishes
+happen as on an instruction-tuned model. The default command is the README's with a smaller
+workload: `leak-check --num-requests 60 --abort-rate 0.3 --abort-mode mix`.
+
+    .venv/bin/python benchmarks/leak_check/mutants.py [--only NAME ...] [--workdir /tmp/vlite-mutants] [--json out.json]
+
+Bounded: each command has a 300 s timeout; on a 2-core machine the whole run takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ARGS = ["--num-requests", "60", "--abort-rate", "0.3", "--abort-mode", "mix"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted defect: replace ``old`` (exactly once) by ``new`` in ``path`` (under vlite/)."""
+
+    name: str
+    path_area: str  # the engine path it breaks
+    what: str
+    path: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    Mutant("free-skips-first-block", "free", "free() releases every block but the first of a table",
+           "engine/core/kv_cache_manager.py", "        for block_id in reversed(table):\n",
+           "        for block_id in reversed(table[1:]):\n"),
+    Mutant("free-skips-shared-blocks", "free / prefix cache", "free() skips blocks shared with another sequence",
+           "engine/core/kv_cache_manager.py",
+           "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):",
+           "            if self.blocks[block_id].ref_count > 1:\n                continue\n"
+           "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):"),
+    Mutant("prefix-hit-evictable-count", "allocation (prefix hit)",
+           "taking a cached block on a prefix hit forgets to decrement the evictable count",
+           "engine/core/kv_cache_manager.py",
+           "                self.free_block_queue.remove(block_id)\n                self._num_evictable -= 1\n",
+           "                self.free_block_queue.remove(block_id)\n"),
+    Mutant("evict-keeps-index-entry", "prefix cache", "evicting a cached block keeps its hash-index entry",
+           "engine/core/kv_cache_manager.py",
+           "            if self.cached_blocks.get(block.block_hash) == block.block_id:\n"
+           "                del self.cached_blocks[block.block_hash]\n", ""),
+    Mutant("hash-progress-not-dropped", "free / prefix cache",
+           "free() keeps the sequence's prefix-hash progress entry", "engine/core/kv_cache_manager.py",
+           "        self._num_hashed.pop(seq.seq_id, None)\n        if self.faults", "        if self.faults"),
+    Mutant("fork-no-incref-last-block", "fork", "fork() takes no reference on the last (partial) block",
+           "engine/core/kv_cache_manager.py", "        for block_id in table:\n            self.blocks[block_id].ref_count += 1\n",
+           "        for block_id in table:\n            if block_id != table[-1]:\n"
+           "                self.blocks[block_id].ref_count += 1\n"),
+    Mutant("fork-shares-table-list", "fork", "fork() gives the child the parent's block-table list itself",
+           "engine/core/kv_cache_manager.py", "        table = list(self.block_tables.get(parent.seq_id, ()))\n",
+           "        table = self.block_tables.setdefault(parent.seq_id, [])\n"),
+    Mutant("cow-keeps-source", "copy-on-write", "copy-on-write replaces the table entry without releasing the source",
+           "engine/core/kv_cache_manager.py", "            self._release(src, seq, \"copy-on-write\")\n", ""),
+    Mutant("cow-double-release", "copy-on-write", "copy-on-write releases the source block twice",
+           "engine/core/kv_cache_manager.py", "            self._release(src, seq, \"copy-on-write\")\n",
+           "            self._release(src, seq, \"copy-on-write\")\n            self._release(src, seq, \"copy-on-write\")\n"),
+    Mutant("preempt-in-prefill-drops-table", "preemption",
+           "preempting a sequence that has no output token yet drops its table without a free",
+           "engine/core/scheduler.py", "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED",
+           "        elif seq.num_output_tokens == 0:\n            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n"
+           "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED"),
+    Mutant("stop-string-no-free", "finish (stop string)", "a stop-string finish skips the release",
+           "engine/core/scheduler.py", "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not isinstance(stop_reason, str):\n                self.kv_cache_manager.free(seq)\n"
+           "            req = self.requests[seq.request_id]"),
+    Mutant("eos-no-free", "finish (EOS)", "an EOS finish skips the release", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not (reason is FinishReason.STOP and stop_reason is None and seq.output_token_ids\n"
+           "                    and seq.output_token_ids[-1] in seq.eos_token_ids):\n                self.kv_cache_manager.free(seq)\n"
+           "            req = self.requests[seq.request_id]"),
+    Mutant("stop-token-keeps-entry", "finish (stop token)", "a stop-token finish keeps the request's entry",
+           "engine/core/scheduler.py", "            req.live.remove(seq)\n            if not req.live:",
+           "            if isinstance(stop_reason, int):\n                return\n            req.live.remove(seq)\n"
+           "            if not req.live:"),
+    Mutant("beam-prune-not-finished", "beam search", "a pruned beam is dropped from the search but never finished",
+           "engine/core/scheduler.py",
+           "                self.finish_sequence(parent, FinishReason.STOP, kind=\"stop:beam_pruned\")  # pruned",
+           "                pass"),
+    Mutant("abort-prefill-drops-table", "abort (prefill)",
+           "aborting a sequence still in its prefill drops the table without a free", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if reason is FinishReason.ABORT and seq.in_prefill and not seq.output_token_ids:\n"
+           "                self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
+           "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
+    Mutant("abort-resumed-no-free", "abort (after preemption)",
+           "aborting a resumed sequence (preempted, then running again) skips the release", "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if not (reason is FinishReason.ABORT and seq.num_preemptions and seq.num_computed_tokens):\n"
+           "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
+    Mutant("abort-first-sample-only", "abort (n > 1)",
+           "abort() ends only the request's first sequence; its other samples decode on (zombies)",
+           "engine/core/scheduler.py",
+           "        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)\n",
+           "        for seq in seqs[:1]:\n"),
+]
+
+
+def build_model(workdir: Path) -> Path:
+    """A tiny random Llama (tests/conftest.py) whose EOS id is a token it really generates."""
+    out = workdir / "tiny-eos"
+    if (out / "config.json").exists():
+        return out
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import build_tiny_model_dir
+
+    from vlite.diagnostics.workload.all_paths import CHAT_MESSAGES
+    from vlite.engine.config import CacheConfig, EngineConfig
+    from vlite.engine.llm_engine import LLMEngine
+    from vlite.engine.sampling_params import SamplingParams
+
+    build_tiny_model_dir(out)
+    engine = LLMEngine(EngineConfig(model=str(out), device="cpu", cache=CacheConfig(num_blocks=64)))
+    tok = engine.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True)
+               for m in CHAT_MESSAGES]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    eos = sorted({o.outputs[0].token_ids[3] for o in outs})  # greedy's 4th token of each chat prompt
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["eos_token_id"] = eos
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    gen = out / "generation_config.json"
+    if gen.exists():
+        g = json.loads(gen.read_text())
+        g["eos_token_id"] = eos
+        gen.write_text(json.dumps(g, indent=2))
+    return out
+
+
+_BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith('__editable__')];"
+         " sys.path.insert(0, sys.argv.pop(1)); from vlite.cli.main import app; app(prog_name='vlite')")
+
+
+def run_leak_check(tree: Path, args: list[str], timeout: int = 300) -> tuple[int, str, float]:
+    env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "COLUMNS": "200",
+                        "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, "-c", _BOOT, str(tree), "leak-check", *args], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+        return p.returncode, p.stdout + p.stderr, time.time() - t0
+    except subprocess.TimeoutExpired as exc:
+        return 124, f"timed out after {timeout} s: {exc.stdout or ''}", time.time() - t0
+
+
+def blame(report: Path) -> str:
+    """What the default command's report.json blamed, in a few words."""
+    try:
+        r = json.loads((report / "report.json").read_text())
+    except (OSError, ValueError):
+        return "no report"
+    parts = []
+    if r.get("by_action"):
+        parts.append("actions " + ",".join(g["action_kind"] for g in r["by_action"][:3]))
+    if r.get("by_site"):
+        parts.append("sites " + ",".join(g["site"] for g in r["by_site"][:3]))
+    if r.get("by_request"):
+        parts.append(f"path: {r['by_request'][0].get('suspected_path')}")
+    if r.get("anomalies"):
+        parts.append(f"{len(r['anomalies'])} anomalies ({r['anomalies'][0]['kind']})")
+    if r["drain"]["sign"] != "balanced":
+        parts.append(f"drain {r['drain']['sign']} {r['drain']['mismatch_blocks']:+d}")
+    regs = r.get("registries") or {}
+    if regs.get("leftover"):
+        parts.append("registries " + ",".join(x["registry"] for x in regs["leftover"]))
+    if regs.get("over_bound"):
+        parts.append("history " + ",".join(x["history"] for x in regs["over_bound"]))
+    if r["cpu_state"]["leftover_requests"]:
+        parts.append(f"{len(r['cpu_state']['leftover_requests'])} request entries")
+    if r.get("unattributed"):
+        parts.append(f"{len(r['unattributed'])} unattributed")
+    z = r.get("zombies") or {}
+    if z.get("zombies"):
+        parts.append(f"{len(z['zombies'])} zombies")
+    return "; ".join(parts) or r.get("summary", "")
+
+
+def check(tree: Path, model: Path, out: Path) -> dict:
+    rep = out / "report"
+    code_d, text_d, t_d = run_leak_check(tree, ["--model", str(model), *DEFAULT_ARGS, "--report", str(rep)])
+    code_s, text_s, t_s = run_leak_check(tree, ["--model", str(model), "--scenario", "all"])
+    failed = [line.split(":")[0] for line in text_s.splitlines() if ": FAIL" in line]
+    return {"default_exit": code_d, "default_caught": code_d == 1, "default_blame": blame(rep) if code_d != 2 else
+            text_d[-300:], "scenarios_exit": code_s, "scenarios_caught": code_s == 1, "scenarios_failed": failed,
+            "seconds": round(t_d + t_s, 1), "default_tail": text_d[-400:] if code_d not in (0, 1) else ""}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                 epilog="See the module docstring (and docs/leak-check.md, 'Mutation check') for "
+                                        "how mutants are planted and counted.")
+    ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                    help=f"Mutant names (default: all): {', '.join(m.name for m in MUTANTS)}.")
+    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "vlite-mutants"),
+                    help="Where the tiny model and the patched package copies go (default: %(default)s).")
+    ap.add_argument("--json", default=None, metavar="PATH", help="Also write the results as JSON here.")
+    ap.add_argument("--skip-clean", action="store_true",
+                    help="Skip the clean-tree run (which checks that both commands exit 0 on the unpatched code).")
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    model = build_model(work)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    rows = []
+    if not args.skip_clean:
+        tree = work / "clean"
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copytree(ROOT / "vlite", tree / "vlite")
+        res = check(tree, model, work / "out-clean")
+        rows.append({"mutant": "(clean tree)", "area": "-", **res})
+        print(f"clean tree: default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
+              f"({res['seconds']} s)", flush=True)
+    for m in chosen:
+        tree = work / "tree"
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copytree(ROOT / "vlite", tree / "vlite")
+        src = tree / "vlite" / m.path
+        text = src.read_text()
+        if text.count(m.old) != 1:
+            raise SystemExit(f"mutant {m.name}: the patched text occurs {text.count(m.old)} times in {m.path}")
+        src.write_text(text.replace(m.old, m.new))
+        out = work / f"out-{m.name}"
+        shutil.rmtree(out, ignore_errors=True)
+        res = check(tree, model, out)
+        rows.append({"mutant": m.name, "area": m.path_area, "what": m.what, **res})
+        print(f"{m.name}: default {'CAUGHT' if res['default_caught'] else 'missed'} (exit {res['default_exit']}; "
+              f"{res['default_blame']}), scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} "
+              f"({', '.join(res['scenarios_failed'])}) [{res['seconds']} s]", flush=True)
+    muts = [r for r in rows if r["mutant"] != "(clean tree)"]
+    d = sum(r["default_caught"] for r in muts)
+    s = sum(r["scenarios_caught"] for r in muts)
+    either = sum(r["default_caught"] or r["scenarios_caught"] for r in muts)
+    print(f"\n{len(muts)} mutants: default command caught {d}, --scenario all caught {s}, either {either}")
+    print("\n| mutant | path | default command | `--scenario all` |\n|---|---|---|---|")
+    for r in muts:
+        print(f"| `{r['mutant']}` | {r['area']} | {'caught' if r['default_caught'] else 'missed'}: "
+              f"{r['default_blame']} | {'caught' if r['scenarios_caught'] else 'missed'}"
+              f"{': ' + ', '.join(r['scenarios_failed']) if r['scenarios_failed'] else ''} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
