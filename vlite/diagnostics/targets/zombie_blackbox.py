@@ -90,6 +90,7 @@ class _Scraper:
 
 
 STALE_S = 3.0  # a running gauge above 0 with no token generated for this long is poked once
+COUNTER_GRACE_S = 0.5  # scrapes go on this long after idle, for counters the API server updates late
 
 
 def _frozen(rows: list[_Scrape], left: float, stale_s: float) -> bool:
@@ -268,6 +269,8 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
                     await asyncio.sleep(scrape_s)
                     tail = scraper.rows[-3:]
                     if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail):
+                        # the API server counts a finish after the engine is idle: let the counters catch up
+                        await asyncio.sleep(COUNTER_GRACE_S)
                         break
                     if poked is None and _frozen(scraper.rows, left, STALE_S):
                         # vLLM refreshes its gauges only when the engine steps: a 1-token request makes
