@@ -77,7 +77,7 @@ def leak_check(
              "else 2048)."),
     engine_args: EngineArgs = None,
     server_kind: str = typer.Option("auto", "--server-kind",
-                                    help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp or tgi."),
+                                    help="With --url: auto (from /metrics), vlite, vllm, sglang, llamacpp, tgi or trtllm."),
     blackbox: bool = typer.Option(False, "--blackbox",
                                   help="With --url: use only /metrics and process memory (automatic for servers "
                                        "other than vlite)."),
@@ -96,6 +96,24 @@ def leak_check(
                                                   "ZOMBIE where engine steps are unknown (over HTTP)."),
     zombie_threshold_steps: int = typer.Option(2, "--zombie-threshold-steps", min=0,
                                                help="... or by more than this many engine steps (in process)."),
+    watch: bool = typer.Option(False, "--watch",
+                               help="With --url: send NO request; scrape /metrics (and the server's memory on this "
+                                    "host) until Ctrl-C or --duration, judging at its natural idle points."),
+    duration: float | None = typer.Option(None, "--duration", min=0.1, help="--watch: stop after this many seconds."),
+    interval: float | None = typer.Option(None, "--interval", min=0.01,
+                                          help="--watch: seconds between scrapes (default 1); --prometheus: the query "
+                                               "step (default 15)."),
+    stuck_after: float = typer.Option(300.0, "--stuck-after", min=0.1,
+                                      help="--watch/--prometheus: a running gauge above 0 this long with no request "
+                                           "finished or aborted is flagged (seconds)."),
+    prometheus: str | None = typer.Option(None, "--prometheus",
+                                          help="Judge a range a Prometheus server holds (its URL); with --job, --since."),
+    job: str | None = typer.Option(None, "--job", help="--prometheus: the scrape job of the inference server."),
+    since: str = typer.Option("6h", "--since", help="--prometheus: how far back, e.g. 90s, 30m, 6h, 2d."),
+    instance: str | None = typer.Option(None, "--instance", help="--prometheus: the job's instance, when it has several."),
+    zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", min=0,
+                                          help="Black-box: max_tokens of the zombie check's early leavers, one "
+                                               "request per client action after the waves (0 = no zombie check)."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
     from vlite.diagnostics.workload.actions import ABORT_MODES
@@ -108,7 +126,7 @@ def leak_check(
     for f in inject_fault:
         if f not in FAULTS:
             common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
-    if not url and (blackbox or api_key or server_pid or server_kind != "auto"):
+    if not url and not prometheus and (blackbox or api_key or server_pid or server_kind != "auto"):
         common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
@@ -118,6 +136,19 @@ def leak_check(
     t_start = time.time()
     if report is not None:
         _check_writable(report)
+    if watch or prometheus:
+        from vlite.cli.leak_check_watch import run_prometheus_cli, run_watch_cli
+
+        if watch and prometheus:
+            common.fail("--watch scrapes a live server (--url), --prometheus reads a stored range: pick one")
+        if watch and not url:
+            common.fail("--watch needs --url (the server to watch)")
+        if prometheus:
+            sys.exit(run_prometheus_cli(prometheus, job, since, console, report, instance=instance,
+                                        server_kind=server_kind,
+                                        step_s=interval, stuck_after_s=stuck_after))
+        sys.exit(run_watch_cli(url, console, report, server_kind=server_kind, api_key=api_key, server_pid=server_pid,
+                               interval_s=interval or 1.0, duration_s=duration, stuck_after_s=stuck_after))
     if from_log is not None:
         from vlite.cli.leak_check_blackbox import run_from_log
 
@@ -158,7 +189,8 @@ def leak_check(
                                       abort_rate=abort_rate, abort_mode=abort_mode, idle_every=idle_every,
                                       max_concurrency=max_concurrency, interval_s=interval_s,
                                       drain_timeout=drain_timeout, bisect_budget=bisect_budget,
-                                      server_pid=server_pid, t_start=t_start))
+                                      server_pid=server_pid, t_start=t_start,
+                                      zombie_max_tokens=zombie_max_tokens, zombie_threshold_s=zombie_threshold_s))
         from vlite.diagnostics.targets.http import TargetError, run_http
 
         with graceful_interrupt("the replay") as stop:

@@ -44,7 +44,7 @@ def _finish(res, console: Console, report: Path | None) -> int:
 def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, report: Path | None, info: dict, *,
                      seed: int, abort_rate: float, abort_mode: str, idle_every: int | None, max_concurrency: int,
                      interval_s: float, drain_timeout: float, bisect_budget: float, server_pid: int | None,
-                     t_start: float) -> int:
+                     t_start: float, zombie_max_tokens: int = 0, zombie_threshold_s: float = 1.0) -> int:
     """Design the waves, run the black-box check, print and write the report; returns the exit code."""
     from vlite.diagnostics.targets.blackbox import design_waves, run_blackbox, split_waves
     from vlite.diagnostics.workload.actions import ABORT_KINDS
@@ -64,6 +64,13 @@ def run_blackbox_cli(conn, url: str, specs, workload: str, console: Console, rep
     res = run_blackbox(conn, waves, max_concurrency=max_concurrency, drain_timeout_s=drain_timeout,
                        bisect_budget_s=bisect_budget, sample_interval_s=interval_s, server_pid=server_pid, url=url,
                        seed=seed, info=info)
+    if zombie_max_tokens and res.verdict != "INCONCLUSIVE":
+        from vlite.diagnostics.targets.zombie_blackbox import apply_to, zombie_check_blackbox
+
+        console.print(f"zombie check: one early-leaving request per client action, max_tokens {zombie_max_tokens}",
+                      highlight=False)
+        apply_to(res, zombie_check_blackbox(conn, max_tokens=zombie_max_tokens, threshold_s=zombie_threshold_s,
+                                            drain_timeout_s=drain_timeout))
     res.info["total_s"] = round(time.time() - t_start, 2)
     console.print(f"{common.plural(len(specs), 'request')} in {common.seconds(res.info.get('replay_s'))} "
                   f"({common.seconds(res.info['total_s'])} in all); "

@@ -22,6 +22,7 @@ from rich.markup import escape
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
+from vlite.diagnostics.targets.zombie_blackbox import lines as zombie_lines
 
 MIB = 1 << 20
 
@@ -32,7 +33,7 @@ def _fmt_trend(t) -> str:
 
 def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
-    color = {"CLEAN": "green", "LEAK": "red", "INCONCLUSIVE": "yellow"}[res.verdict]
+    color = {"CLEAN": "green", "LEAK": "red", "ZOMBIE": "red", "INCONCLUSIVE": "yellow"}[res.verdict]
     console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
 
 
@@ -54,6 +55,8 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
                       f"{s['ci95'][1]:g}); minimal set {s['request_ids'] or '(not reproduced)'}", highlight=False)
     for t in res.trends:
         console.print(_fmt_trend(t), highlight=False)
+    for line in zombie_lines(res.zombies):
+        console.print(f"zombie check: {line}", highlight=False)
     for n in res.notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
 
@@ -78,7 +81,7 @@ def report_dict(res: BlackboxResult) -> dict:
             "trends": trends,
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
-            "process_tree": res.process_tree, "notes": res.notes,
+            "zombies": res.zombies, "process_tree": res.process_tree, "notes": res.notes,
             "client": {"outcomes": outcomes, "requests": [asdict(r) for r in res.replay.requests]},
             "idle_points": [asdict(p) | {"kv_used": p.num_used_blocks} for p in res.replay.idle_points]}
 
@@ -139,6 +142,17 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
                 f"```\nvlite leak-check --url {base} --workload reproducer.jsonl --blackbox\n```\n\n",
                 "The same requests with curl (client actions approximated by curl's timeouts and `head`):\n\n```\n",
                 "\n".join(curl_command(s, base) for s in res.reproducer), "\n```\n"]
+    if res.zombies:
+        z = res.zombies
+        out += ["\n## Zombie requests (the server after each early-leaving client left)\n",
+                f"One request at a time on an idle server, max_tokens {z['max_tokens']}; a ZOMBIE generated more "
+                f"than {z['threshold_tokens']} tokens after its client left, or the server kept it running more "
+                f"than {z['threshold_s']} s and half a complete request's time).\n\n",
+                md_table(z["actions"], ("client_action", "requests", "zombies", "tokens_after_leaving",
+                                        "generating_s", "running_s", "aborts_counted", "request_id")),
+                "\n" + "\n".join(f"- {line}" for line in zombie_lines(z)) + "\n"]
+        for a in z["zombies"]:
+            out += [f"\nReproducer ({a['client_action']}):\n\n```\n{a['reproducer']}\n```\n"]
     if res.process_tree:
         out += ["\n## Server process tree (last sample)\n",
                 md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]

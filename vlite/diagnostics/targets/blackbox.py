@@ -45,7 +45,7 @@ from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_SCRAPES = 3  # consecutive idle scrapes that make an idle point
 SCRAPE_PERIOD_S = 0.1
-EXIT_CODES = {"CLEAN": 0, "LEAK": 1, "INCONCLUSIVE": 3}
+EXIT_CODES = {"CLEAN": 0, "LEAK": 1, "ZOMBIE": 1, "INCONCLUSIVE": 3}
 _REPLAY_TIMEOUT_S = 600.0
 
 
@@ -69,6 +69,19 @@ class Connection:
     headers: dict
     body: dict
     client: httpx.Client
+    metrics_path: str = "/metrics"
+
+    def extra(self) -> dict:
+        """The adapter's JSON pages besides /metrics (llama.cpp's /slots); a page that fails is left out."""
+        out = {}
+        for path in self.adapter.extra_paths:
+            try:
+                r = self.client.get(f"{self.base}{path}", headers=self.headers, timeout=10)
+                if r.status_code == 200:
+                    out[path] = r.json()
+            except (httpx.HTTPError, ValueError):
+                pass
+        return out
 
     def state(self) -> MetricsReading:
         """Scrape ``/metrics`` once and map it through the adapter.
@@ -77,9 +90,9 @@ class Connection:
             TargetError: the scrape fails or the page no longer parses.
         """
         try:
-            r = self.client.get(f"{self.base}/metrics", headers=self.headers, timeout=10)
+            r = self.client.get(f"{self.base}{self.metrics_path}", headers=self.headers, timeout=10)
             r.raise_for_status()
-            return self.adapter.read(parse_page(r.text))
+            return self.adapter.read(parse_page(r.text), self.extra())
         except (httpx.HTTPError, MetricsFormatError, KeyError) as exc:
             raise TargetError(f"{self.base}/metrics: {type(exc).__name__}: {exc}") from exc
 
@@ -106,10 +119,16 @@ def connect(url: str, server_kind: str = "auto", api_key: str | None = None, rea
     if r.status_code != 200:
         raise TargetError(f"{base}/metrics answered HTTP {r.status_code}: the server exports no Prometheus "
                           "metrics there (SGLang needs --enable-metrics, llama.cpp --metrics)")
+    metrics_path = "/metrics"
+    if "json" in r.headers.get("content-type", ""):  # trtllm-serve: JSON iteration stats at /metrics
+        alt = client.get(f"{base}/prometheus/metrics", headers=headers)
+        if alt.status_code == 200:
+            r, metrics_path = alt, "/prometheus/metrics"
     try:
         page = parse_page(r.text)
         adapter = detect_kind(page, server_kind)
-        adapter.read(page)
+        probe = Connection(base, adapter, headers, {}, client, metrics_path)
+        adapter.read(page, probe.extra())
     except MetricsFormatError as exc:
         raise TargetError(f"{base}/metrics is not a Prometheus page: {exc}") from exc
     except (UnknownServerError, ValueError, KeyError) as exc:
@@ -121,7 +140,7 @@ def connect(url: str, server_kind: str = "auto", api_key: str | None = None, rea
             body["model"] = models[0]["id"]
     except (httpx.HTTPError, ValueError, AttributeError):
         pass
-    return Connection(base, adapter, headers, body, client)
+    return Connection(base, adapter, headers, body, client, metrics_path)
 
 
 def action_text(a: ClientAction) -> str:
@@ -205,7 +224,7 @@ def fit_leak_per_action(counts: np.ndarray, increments: np.ndarray, kinds: list[
 class BlackboxResult:
     """A black-box leak check (or a ``--from-log`` post-mortem).
 
-    verdict: CLEAN | LEAK | INCONCLUSIVE (exit 0 / 1 / 3). kv values in ``unit`` (blocks, tokens
+    verdict: CLEAN | LEAK | ZOMBIE | INCONCLUSIVE (exit 0 / 1 / 1 / 3). kv values in ``unit`` (blocks, tokens
     or a fraction). residual = final - baseline. probes: every 1-token probe (time, wave, KV
     before and after). suspects: one per client action kind found leaking (``client_action``,
     ``blocks_per_request`` or ``tokens_per_request``, ``ci95``, ``request_ids`` of the minimal set).
@@ -231,6 +250,7 @@ class BlackboxResult:
     process_tree: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     source: str = "blackbox"  # blackbox | log
+    zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
 
     @property
     def residual(self) -> float | None:
@@ -253,9 +273,17 @@ class _Driver:
         self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
 
     async def read(self, client: httpx.AsyncClient) -> MetricsReading:
-        r = await client.get(f"{self.conn.base}/metrics", headers=self.conn.headers)
+        r = await client.get(f"{self.conn.base}{self.conn.metrics_path}", headers=self.conn.headers)
         r.raise_for_status()
-        return self.conn.adapter.read(parse_page(r.text))
+        extra = {}
+        for path in self.conn.adapter.extra_paths:  # llama.cpp's /slots
+            try:
+                e = await client.get(f"{self.conn.base}{path}", headers=self.conn.headers)
+                if e.status_code == 200:
+                    extra[path] = e.json()
+            except (httpx.HTTPError, ValueError):
+                pass
+        return self.conn.adapter.read(parse_page(r.text), extra)
 
     async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float | None = None) -> MetricsReading | None:
         """The state once running == waiting == 0 for IDLE_SCRAPES scrapes in a row; None on timeout."""

@@ -1,0 +1,130 @@
+"""``vlite leak-check --prometheus URL --job NAME --since``: a range judged from Prometheus's HTTP
+API. The fake API answers with JSON recorded from a REAL Prometheus (Debian's 2.42) scraping two
+`vlite serve` every second (tests/interop/prometheus.sh): one clean, one under
+--inject-fault skip-free-on-abort, both with six waves of complete and mid-stream-disconnect
+requests. No real Prometheus in CI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from vlite.diagnostics.targets.prometheus_range import PrometheusError, judge_range, pages_from_matrix, parse_since
+
+FIX = Path(__file__).parent / "fixtures"
+VLITE = str(Path(sys.executable).with_name("vlite"))
+
+
+def _recorded(job: str) -> dict:
+    return json.loads((FIX / f"prometheus-range-{job}.json").read_text())
+
+
+def _transport(rec: dict, seen: list | None = None) -> httpx.MockTransport:
+    def handler(req: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append((req.url.path, dict(req.url.params.multi_items())))
+        for c in rec["calls"]:
+            if c["path"] == req.url.path:
+                return httpx.Response(200, json=c["body"])
+        return httpx.Response(404, json={"status": "error", "errorType": "not_found", "error": "no such path"})
+    return httpx.MockTransport(handler)
+
+
+def _judge(job: str, seen=None, **kw):
+    rec = _recorded(job)
+    return judge_range("http://prom:9090", job, parse_since(rec["since"]), end=rec["end"], step_s=rec["step_s"],
+                       client=httpx.Client(transport=_transport(rec, seen)), on_line=lambda line: None, **kw)
+
+
+def test_recorded_clean_range_is_clean():
+    seen = []
+    res = _judge("vlite-clean", seen)
+    assert res.verdict == "CLEAN" and res.exit_code == 0, res.summary
+    assert len(res.idle_points) >= 6 and res.idle_points[-1].requests_served == 30  # 6 waves x 5 requests
+    assert all(p.kv_used == 0 for p in res.idle_points)
+    assert res.info["server_kind"] == "vlite" and res.info["mode"] == "prometheus"
+    # the range query asks only for the series the vlite adapter reads, of this job and instance
+    q = next(params for path, params in seen if path == "/api/v1/query_range")["query"]
+    assert q.startswith('{job="vlite-clean",instance="127.0.0.1:') and "vlite:num_free_blocks" in q
+    assert "vlite:time_to_first_token_seconds_bucket" not in q
+
+
+def test_recorded_leaking_range_is_a_leak_at_the_first_idle_point_after_traffic():
+    res = _judge("vlite-leak")
+    assert res.verdict == "LEAK" and res.exit_code == 1, res.summary
+    a = res.alerts[0]
+    assert a.flag == "kv-held" and a.idle_point == 2
+    held = [p.kv_used for p in res.idle_points]
+    assert held[0] == 0 and held[-1] > held[1] > 0  # 2 disconnects per wave, each leaves blocks behind
+
+
+def test_prometheus_errors_are_one_line():
+    rec = _recorded("vlite-clean")
+    empty = {"calls": [{"path": "/api/v1/label/instance/values", "body": {"status": "success", "data": []}}]}
+    with pytest.raises(PrometheusError, match="holds no series of job 'nope'"):
+        judge_range("http://prom", "nope", 60, client=httpx.Client(transport=_transport(empty)))
+    two = {"calls": [{"path": "/api/v1/label/instance/values",
+                      "body": {"status": "success", "data": ["a:1", "b:2"]}}]}
+    with pytest.raises(PrometheusError, match="2 instances .* pick one with --instance"):
+        judge_range("http://prom", "j", 60, client=httpx.Client(transport=_transport(two)))
+    bad = {"calls": [{"path": "/api/v1/label/instance/values",
+                      "body": {"status": "error", "errorType": "bad_data", "error": "parse error"}}]}
+    with pytest.raises(PrometheusError, match="bad_data parse error"):
+        judge_range("http://prom", "j", 60, client=httpx.Client(transport=_transport(bad)))
+    with pytest.raises(ValueError, match="90s, 30m, 6h"):
+        parse_since("six hours")
+    assert parse_since("6h") == 21600 and parse_since("90s") == 90 and parse_since("2d") == 172800
+    assert rec["recorded_from"].startswith("Prometheus 2.42")
+
+
+def test_pages_from_matrix_groups_by_step_and_drops_prometheus_labels():
+    result = [{"metric": {"__name__": "vllm:num_requests_running", "job": "j", "instance": "i", "engine": "0"},
+               "values": [[10, "1"], [11, "0"]]},
+              {"metric": {"__name__": "vllm:num_requests_running", "job": "j", "instance": "i", "engine": "1"},
+               "values": [[10, "2"], [11, "NaN"]]}]
+    pages = pages_from_matrix(result)
+    assert [t for t, _ in pages] == [10.0, 11.0]
+    assert pages[0][1].total("vllm:num_requests_running") == 3 and pages[1][1].total("vllm:num_requests_running") == 0
+    assert pages[0][1].series("vllm:num_requests_running")[0].labels == {"engine": "0"}
+
+
+def test_cli_prometheus_against_a_fake_api_server(tmp_path):
+    rec = _recorded("vlite-leak")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            path = urlparse(self.path).path
+            body = next((c["body"] for c in rec["calls"] if c["path"] == path), {"status": "error"})
+            data = json.dumps(body).encode()
+            self.send_response(200 if body.get("status") == "success" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        # the fake answers the recorded range whatever start and end the CLI asks for
+        p = subprocess.run([VLITE, "leak-check", "--prometheus", f"http://127.0.0.1:{srv.server_port}", "--job",
+                            "vlite-leak", "--since", rec["since"], "--interval", "1", "--report", str(tmp_path / "r")],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        srv.shutdown()
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "ALERT kv-held" in p.stdout and "verdict: LEAK" in p.stdout
+    assert (tmp_path / "r" / "report.md").read_text().count("**LEAK**") == 1
+    bad = subprocess.run([VLITE, "leak-check", "--prometheus", "http://127.0.0.1:9", "--job", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Connection refused" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -1,0 +1,117 @@
+"""Zombie requests found from outside: a `vlite serve` with a planted zombie (a streaming client
+that disconnects before the first token never triggers the abort; tests/diagnostics/zombie_serve.py)
+is ZOMBIE, named by its client action, with a reproducer; the unpatched server is CLEAN. Only
+/metrics is read. 127.0.0.1 only, bounded waits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import serve_harness
+from serve_harness import ServerProcess, running
+
+from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.zombie_blackbox import (
+    _measure,
+    _Scrape,
+    judge,
+    reproducer,
+    zombie_check_blackbox,
+    zombie_summary,
+)
+
+ZOMBIE_SERVE = str(Path(__file__).with_name("zombie_serve.py"))
+
+
+@pytest.fixture
+def zombie_server(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(serve_harness, "VLITE", [sys.executable, ZOMBIE_SERVE])
+    srv = ServerProcess(tiny_model_dir, tmp_path / "zombie.log", "--num-blocks", "128")
+    yield from running(srv)
+
+
+@pytest.fixture
+def clean_server(tiny_model_dir, tmp_path):
+    srv = ServerProcess(tiny_model_dir, tmp_path / "clean.log", "--num-blocks", "128")
+    yield from running(srv)
+
+
+def test_planted_zombie_before_the_first_token_is_found_from_outside(zombie_server):
+    conn = connect(zombie_server.base_url)
+    z = zombie_check_blackbox(conn, max_tokens=400, drain_timeout_s=60)
+    by_kind = {a["kind"]: a for a in z["actions"]}
+    assert set(by_kind) == {"abort-prefill", "disconnect-stream", "client-timeout"}, z["requests"]
+    before = by_kind["abort-prefill"]
+    # the zombie decoded on to max_tokens after its client left, and the server never counted the abort
+    assert before["zombies"] == 1 and before["tokens_after_leaving"] > 200, z["requests"]
+    assert before["aborts_counted"] == 0
+    # the other client actions are aborted as usual: only the planted path is a zombie
+    assert by_kind["disconnect-stream"]["zombies"] == 0 and by_kind["client-timeout"]["zombies"] == 0, (z["actions"], z["reference"])
+    assert by_kind["disconnect-stream"]["aborts_counted"] == 1
+    assert [a["kind"] for a in z["zombies"]] == ["abort-prefill"]
+    assert z["client_aborts"] == 3 and z["server_aborts"] == 2
+    summary = zombie_summary(z)
+    assert summary.startswith("ZOMBIE: disconnect before the first token"), summary
+    assert "httpx.stream('POST'" in z["zombies"][0]["reproducer"] and zombie_server.base_url in z["zombies"][0][
+        "reproducer"]
+    assert "planted zombie" in zombie_server.log()
+
+
+def test_unpatched_server_is_clean(clean_server):
+    z = zombie_check_blackbox(connect(clean_server.base_url), max_tokens=400, drain_timeout_s=60)
+    assert len(z["actions"]) == 3 and z["zombies"] == [], z["requests"]
+    assert z["threshold_tokens"] == 100 and all(a["tokens_after_leaving"] <= 100 for a in z["actions"]), z["actions"]
+    assert z["client_aborts"] == 3 and z["server_aborts"] == 3  # every abort counted
+    assert zombie_summary(z) is None
+
+
+def test_measure_reads_tokens_time_and_abort_counter_from_scrapes():
+    before = _Scrape(0.0, 0, 0, 100.0, 5.0)
+    rows = [_Scrape(0.9, 1, 0, 104.0, 5.0), _Scrape(1.1, 1, 0, 110.0, 5.0), _Scrape(1.5, 1, 0, 150.0, 5.0),
+            _Scrape(2.0, 0, 0, 160.0, 5.0), _Scrape(2.5, 0, 0, 160.0, 5.0)]
+    m = _measure(rows, before, left=1.0)
+    assert m == {"running_s": 1.0, "generating_s": 1.0, "tokens_after_leaving": 50, "abort_counted": 0}
+    # a server with no counters: only the running gauge
+    bare = [_Scrape(t, r, 0, None, None) for t, r in ((1.2, 1), (1.4, 0))]
+    assert _measure(bare, _Scrape(0, 0, 0, None, None), 1.0) == {
+        "running_s": 0.4, "generating_s": 0.0, "tokens_after_leaving": None, "abort_counted": None}
+
+
+def test_reproducers_name_the_client_action():
+    r = reproducer("disconnect-stream", "http://h:1", 300)
+    assert "| head -n 4" in r and '"max_tokens": 300' in r and "/metrics" in r
+    assert "--max-time 1.0" in reproducer("client-timeout", "http://h:1", 300)
+    with pytest.raises(ValueError, match="unknown zombie client action"):
+        zombie_check_blackbox(None, kinds=("nope",))
+
+
+def test_cli_blackbox_says_zombie_with_the_reproducer_in_the_report(zombie_server, tmp_path):
+    import json
+    import subprocess
+
+    vlite = str(Path(sys.executable).with_name("vlite"))
+    p = subprocess.run([vlite, "leak-check", "--url", zombie_server.base_url, "--blackbox", "--workload", "synthetic",
+                        "--num-requests", "8", "--abort-rate", "0", "--idle-every", "4", "--drain-timeout", "30",
+                        "--zombie-max-tokens", "400", "--report", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "verdict: ZOMBIE: disconnect before the first token" in p.stdout, p.stdout
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["verdict"] == "ZOMBIE" and rep["zombies"]["zombies"][0]["kind"] == "abort-prefill"
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Zombie requests" in md and "Reproducer (disconnect before the first token)" in md
+    print(p.stdout)
+
+
+def test_judge_tokens_running_time_and_a_stale_gauge():
+    m = {"tokens_after_leaving": 359, "running_s": 0.6}
+    assert judge(m, 10.0, None, 16, 1.0) == (False, True)  # vlite's planted zombie: tokens
+    # vLLM 0.32 with aborts dropped: its token counter misses the zombie's tokens; the running gauge does not
+    assert judge({"tokens_after_leaving": 1, "running_s": 9.1}, 10.0, 13.2, 16, 1.0) == (False, True)
+    # a stale gauge: it read 0 right after the 1-token probe (at 13.2 s) made the engine step
+    assert judge({"tokens_after_leaving": 1, "running_s": 3.4}, 10.0, 13.2, 16, 1.0) == (True, False)
+    assert judge({"tokens_after_leaving": 0, "running_s": 0.09}, 10.0, None, 16, 1.0) == (False, False)
+    assert judge({"tokens_after_leaving": 0, "running_s": None}, 10.0, 13.0, 16, 1.0) == (False, True)  # stuck
+    assert judge({"tokens_after_leaving": None, "running_s": 2.0}, 10.0, None, 16, 1.0) == (False, True)

@@ -1,0 +1,62 @@
+"""``vlite serve`` with a planted zombie (test only): a streaming client that disconnects before
+the first token never triggers the abort, so its request decodes on to ``max_tokens``.
+
+Run as ``python zombie_serve.py serve --model ...`` (the arguments of ``vlite serve``). The
+patch wraps ``AbortOnCloseStreamingResponse``: it counts the chunks the stream produced and, when
+the stream ends with the request unfinished and fewer than two chunks produced (the client saw no
+token; the first may have been in flight when the cut was noticed), skips ``group.abort()``.
+Mid-stream disconnects and non-streaming timeouts are aborted as usual. The first chunk is held
+``FIRST_CHUNK_DELAY_S`` (as a long prefill would), so that on a loaded machine the client's cut
+still lands before any token was produced for the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from starlette.responses import StreamingResponse
+
+from vlite.entrypoints import serving
+
+logger = logging.getLogger("vlite.server")
+_init = serving.AbortOnCloseStreamingResponse.__init__
+FIRST_CHUNK_DELAY_S = 0.3
+
+
+def _patched_init(self, content, group):
+    counts = {"chunks": 0}
+
+    async def counted():
+        first = True
+        async for chunk in content:
+            if first:  # a slow first token (a long prefill): the client's cut always lands before it
+                first = False
+                await asyncio.sleep(FIRST_CHUNK_DELAY_S)
+            counts["chunks"] += 1
+            yield chunk
+
+    _init(self, counted(), group)
+    self._planted_counts = counts
+
+
+async def _patched_call(self, scope, receive, send):
+    try:
+        await StreamingResponse.__call__(self, scope, receive, send)
+    finally:
+        if not self.group.all_finished and self._planted_counts["chunks"] < 2:
+            logger.warning("planted zombie: client of %s left before the first token; NOT aborting %s",
+                           scope.get("path"), self.group.request_ids)
+        else:
+            self.group.abort()
+
+
+serving.AbortOnCloseStreamingResponse.__init__ = _patched_init
+serving.AbortOnCloseStreamingResponse.__call__ = _patched_call
+
+if __name__ == "__main__":
+    from vlite.cli.main import app
+
+    sys.argv[0] = "vlite"
+    app()

@@ -1,0 +1,55 @@
+"""Report of a passive watch (``--watch``) or a Prometheus range (``--prometheus``): report.md,
+report.html (one file), samples.csv and report.json, rewritten at each idle point so that the
+directory is current while the watch runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from vlite.diagnostics.report.html_report import write_html
+from vlite.diagnostics.report.writer import md_table
+from vlite.diagnostics.targets.watch import WatchResult
+
+
+def report_markdown(res: WatchResult) -> str:
+    """report.md of a watch (or a Prometheus range)."""
+    pts = [asdict(p) for p in res.idle_points]
+    for p in pts:
+        p["time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p["time"]))
+    alerts = [asdict(a) | {"time": time.strftime("%H:%M:%S", time.localtime(a.time))} for a in res.alerts]
+    out = [f"# vlite leak-check --watch report ({res.server_kind})\n",
+           f"**{res.verdict}**: {res.summary.split(': ', 1)[-1]}\n", "## Run\n",
+           md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
+           "\n## Alerts\n", md_table(alerts, ("flag", "time", "idle_point", "message")) if alerts else "_none_\n",
+           "\n## Natural idle points (running == waiting == 0)\n",
+           md_table(pts, ("index", "time", "kv_used", "requests_served", "memory_bytes", "uncounted"), 200)]
+    if res.memory_test:
+        m = res.memory_test
+        out.append(f"\nHost memory ({m.get('source')}): plateau test over {m['n']} idle points: late-half slope "
+                   f"{(m['late_slope'] or 0) / 1024:.1f} KiB/request, keeps growing: {m['keeps_growing']}, "
+                   f"warm-up: {m['warm_up']}\n")
+    out += ["\n## Notes\n", "\n".join(f"- {n}" for n in res.notes) or "_none_", ""]
+    return "\n".join(out)
+
+
+def write_watch_report(res: WatchResult, out_dir: Path) -> Path:
+    """Write report.md, report.html, samples.csv and report.json into ``out_dir`` (created); called
+    at each idle point, so the report stays current.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res.samples.to_csv(out_dir / "samples.csv", index=False)
+    md = report_markdown(res)
+    (out_dir / "report.md").write_text(md)
+    write_html(out_dir, md, f"vlite leak-check --watch: {res.verdict}")
+    body = {"verdict": res.verdict, "summary": res.summary, "server_kind": res.server_kind, "unit": res.unit,
+            "run": res.info, "alerts": [asdict(a) for a in res.alerts],
+            "idle_points": [asdict(p) for p in res.idle_points], "memory_test": res.memory_test, "notes": res.notes}
+    (out_dir / "report.json").write_text(json.dumps(body, indent=2, default=str))
+    return out_dir

@@ -1,0 +1,184 @@
+"""Judge a range that a Prometheus server already holds: ``vlite leak-check --prometheus URL --job
+NAME --since 6h``. No watching and no request to the inference server.
+
+Through Prometheus's HTTP API (``/api/v1/label/__name__/values`` to learn the job's series and
+pick the server's adapter, ``/api/v1/query_range`` for their values), the range is rebuilt step by
+step into the ``/metrics`` pages the server exported, read through the same adapter as a live
+scrape, and fed to the same judge as ``--watch`` (``watch.Watcher``). Memory is the server's own
+``process_resident_memory_bytes`` (vLLM's and vlite's API server process; the engine core and
+workers are other processes, not in it).
+
+API reference: https://prometheus.io/docs/prometheus/latest/querying/api/ (range queries return
+one series per label set, values as ``[unix_time, "string"]`` pairs aligned on ``step``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import httpx
+
+from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError, detect_kind
+from vlite.diagnostics.targets.prom import MetricsPage, Sample
+from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, IDLE_SCRAPES, Watcher, WatchResult
+
+MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
+_EXTRA = ("http_requests_total", "http_request_duration_highr_seconds_count", "process_resident_memory_bytes")
+_SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class PrometheusError(RuntimeError):
+    """The Prometheus API cannot be reached, refused the query, or holds nothing for the job."""
+
+
+def parse_since(text: str) -> float:
+    """``6h``, ``30m``, ``90s``, ``2d``, ``1w`` -> seconds.
+
+    Raises:
+        ValueError: anything else (the message shows the allowed forms).
+    """
+    m = _SINCE.match(text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"--since must be a positive duration like 90s, 30m, 6h, 2d or 1w; got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+class PrometheusAPI:
+    """The few read-only calls of Prometheus's HTTP API that the range judge needs.
+
+    Args:
+        base: the Prometheus server, e.g. ``http://127.0.0.1:9090``.
+        client: an ``httpx.Client`` (tests pass one bound to a fake).
+    """
+
+    def __init__(self, base: str, client: httpx.Client | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.client = client or httpx.Client(timeout=60.0)
+
+    def _get(self, path: str, params: dict | list) -> object:
+        try:
+            r = self.client.get(f"{self.base}{path}", params=params)
+        except httpx.HTTPError as exc:
+            raise PrometheusError(f"{self.base}{path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            body = r.json()
+        except ValueError as exc:
+            raise PrometheusError(f"{self.base}{path} answered HTTP {r.status_code} with no JSON: is this a "
+                                  "Prometheus server?") from exc
+        if r.status_code != 200 or body.get("status") != "success":
+            raise PrometheusError(f"{self.base}{path} answered HTTP {r.status_code}: {body.get('errorType', '')} "
+                                  f"{body.get('error', '')}".strip())
+        return body.get("data")
+
+    def label_values(self, label: str, selector: str) -> list[str]:
+        """Values of ``label`` over the series that match ``selector``."""
+        return list(self._get(f"/api/v1/label/{label}/values", [("match[]", selector)]) or [])
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[dict]:
+        """``[{"metric": {...labels}, "values": [[t, "v"], ...]}, ...]``."""
+        data = self._get("/api/v1/query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": f"{step:g}"})
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise PrometheusError(f"query_range answered {type(data).__name__}, not a matrix")
+        return data.get("result") or []
+
+
+def _selector(job: str, instance: str | None) -> str:
+    sel = f'job="{job}"'
+    if instance:
+        sel += f',instance="{instance}"'
+    return "{" + sel + "}"
+
+
+def pages_from_matrix(result: list[dict]) -> list[tuple[float, MetricsPage]]:
+    """Rebuild one ``MetricsPage`` per step from a range query's matrix (``job`` and ``instance``
+    labels dropped; NaN and stale points left out)."""
+    by_t: dict[float, list[Sample]] = {}
+    for series in result:
+        labels = {k: v for k, v in series.get("metric", {}).items() if k not in ("__name__", "job", "instance")}
+        name = series.get("metric", {}).get("__name__")
+        if not name:
+            continue
+        for t, v in series.get("values", []):
+            value = float(v)
+            if value != value:  # NaN
+                continue
+            by_t.setdefault(float(t), []).append(Sample(name, labels, value))
+    return [(t, MetricsPage(by_t[t])) for t in sorted(by_t)]
+
+
+def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | None = None,
+                instance: str | None = None, end: float | None = None, server_kind: str = "auto",
+                stuck_after_s: float = DEFAULT_STUCK_AFTER_S, idle_scrapes: int = IDLE_SCRAPES,
+                on_line: Callable[[str], None] = print, client: httpx.Client | None = None) -> WatchResult:
+    """Judge the last ``since_s`` seconds (up to ``end``, default now) of ``job`` in Prometheus.
+
+    Args:
+        step_s: the query step (default: 15 s, or coarser so that no series exceeds
+            ``MAX_POINTS`` points). Idle points need ``idle_scrapes`` idle steps in a row.
+        instance: the job's instance (required when the job has several).
+
+    Raises:
+        PrometheusError: Prometheus unreachable or refusing, the job unknown, several instances
+            and no ``instance``, or no series of a known server (each a one-line message).
+    """
+    api = PrometheusAPI(prometheus, client)
+    end = end if end is not None else time.time()
+    start = end - since_s
+    step = step_s or 15.0
+    step = max(step, since_s / (MAX_POINTS - 1))
+    instances = api.label_values("instance", _selector(job, None))
+    if not instances:
+        raise PrometheusError(f"Prometheus at {api.base} holds no series of job {job!r} (check --job: the job_name "
+                              "of its scrape config)")
+    if instance is None and len(instances) > 1:
+        raise PrometheusError(f"job {job!r} has {len(instances)} instances ({', '.join(instances[:6])}); "
+                              "pick one with --instance")
+    instance = instance or instances[0]
+    sel = _selector(job, instance)
+    names = api.label_values("__name__", sel)
+    probe = MetricsPage([Sample(n, {}, 0.0) for n in names])
+    try:
+        adapter = detect_kind(probe, server_kind)
+    except (UnknownServerError, ValueError) as exc:
+        raise PrometheusError(f"job {job!r}: {exc}") from exc
+    wanted = {m.series.split("{")[0] for m in METRIC_NAMES if m.kind == adapter.kind} | set(_EXTRA)
+    query_names = sorted(wanted & set(names))
+    pattern = "|".join(re.escape(n) for n in query_names)
+    query = "{" + f'job="{job}",instance="{instance}",__name__=~"{pattern}"' + "}"
+    pages = pages_from_matrix(api.query_range(query, start, end, step))
+    if not pages:
+        raise PrometheusError(f"job {job!r} ({instance}) has no sample between "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start))} and "
+                              f"{time.strftime('%H:%M:%S', time.localtime(end))}")
+    first = None
+    w = None
+    skipped = 0
+    for t, page in pages:
+        try:
+            r = adapter.read(page)
+        except (KeyError, ValueError):
+            skipped += 1
+            continue
+        if w is None:
+            first = r
+            w = Watcher(adapter.kind, r.unit, gauge_lag_s=adapter.gauge_lag_s, stuck_after_s=stuck_after_s,
+                        idle_scrapes=idle_scrapes, on_line=on_line)
+        rss = page.total("process_resident_memory_bytes")
+        w.feed(t, r, {"bytes": rss, "source": "process_resident_memory_bytes (the server's API process)"}
+               if rss is not None else None)
+    if w is None:
+        raise PrometheusError(f"job {job!r}: none of the {len(pages)} steps could be read as a {adapter.kind} page")
+    if adapter.extra_paths:
+        w.notes.append(f"{adapter.kind}: {', '.join(adapter.extra_paths)} is not in Prometheus: no KV occupancy")
+    w.notes.append(f"{adapter.kind}: {adapter.caveat}")
+    if skipped:
+        w.notes.append(f"{skipped} steps lacked the series the adapter needs and were skipped")
+    info = {"mode": "prometheus", "prometheus": api.base, "job": job, "instance": instance,
+            "server_kind": adapter.kind, "start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
+            "end": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)), "since_s": since_s, "step_s": step,
+            "steps": len(pages), "series_queried": len(query_names), "kv_total": first.kv_total if first else None}
+    return w.result(info)
