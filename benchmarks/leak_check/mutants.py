@@ -59,16 +59,17 @@ MUTANTS = [
            "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):"),
     Mutant("prefix-hit-evictable-count", "allocation (prefix hit)",
            "taking a cached block on a prefix hit forgets to decrement the evictable count",
-           "engine/core/kv_cache_manager.py",
-           "                self.free_block_queue.remove(block_id)\n                self._num_evictable -= 1\n",
-           "                self.free_block_queue.remove(block_id)\n"),
+           "engine/core/block_pool.py",
+           "            self.free_block_queue.remove(block_id)\n            self.num_evictable -= 1\n",
+           "            self.free_block_queue.remove(block_id)\n"),
     Mutant("evict-keeps-index-entry", "prefix cache", "evicting a cached block keeps its hash-index entry",
-           "engine/core/kv_cache_manager.py",
+           "engine/core/block_pool.py",
            "            if self.cached_blocks.get(block.block_hash) == block.block_id:\n"
            "                del self.cached_blocks[block.block_hash]\n", ""),
     Mutant("hash-progress-not-dropped", "free / prefix cache",
            "free() keeps the sequence's prefix-hash progress entry", "engine/core/kv_cache_manager.py",
-           "        self._num_hashed.pop(seq.seq_id, None)\n        if self.faults", "        if self.faults"),
+           "        self._num_hashed.pop(seq.seq_id, None)\n        if self.ledger.enabled:",
+           "        if self.ledger.enabled:"),
     Mutant("fork-no-incref-last-block", "fork", "fork() takes no reference on the last (partial) block",
            "engine/core/kv_cache_manager.py", "        for block_id in table:\n            self.blocks[block_id].ref_count += 1\n",
            "        for block_id in table:\n            if block_id != table[-1]:\n"
@@ -119,6 +120,35 @@ MUTANTS = [
            "engine/core/scheduler.py",
            "        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)\n",
            "        for seq in seqs[:1]:\n"),
+    # Issue 33: state outside the registry list, and host memory (found by the census, the
+    # recorded paths and the host-memory plateau test, not by the block counts)
+    Mutant("holdback-kept-after-stop-string", "per-request state (unregistered)",
+           "the output processor keeps a stop-string request's text in a map of its own after the finish",
+           "engine/output_processor.py", "        primary = req.seqs[0]\n",
+           "        primary = req.seqs[0]\n        if req.is_finished and isinstance(primary.stop_reason, str):\n"
+           "            self.__dict__.setdefault(\"holdback\", {})[req.request_id] = primary.output_text\n"),
+    Mutant("matcher-kept-on-abort", "structured output",
+           "an aborted sequence's grammar matcher is never dropped", "engine/core/structured_output.py",
+           "        if self.matchers.pop(seq.seq_id, None) is not None:\n",
+           "        if seq.finish_reason is not None and seq.finish_reason.value == \"abort\":\n            return\n"
+           "        if self.matchers.pop(seq.seq_id, None) is not None:\n"),
+    Mutant("block-id-list-never-emptied", "host memory (vllm#44175)",
+           "every allocated block id is appended to a list nobody empties", "engine/core/block_pool.py",
+           "        block = self.blocks[self.free_block_queue.popleft()]\n",
+           "        block = self.blocks[self.free_block_queue.popleft()]\n"
+           "        self.__dict__.setdefault(\"new_block_ids\", []).append(block.block_id)\n"),
+    Mutant("buffer-per-finished-request", "host memory",
+           "a 4 KiB buffer per finished request is kept in a list (no request id in it)",
+           "engine/output_processor.py", "        primary = req.seqs[0]\n",
+           "        primary = req.seqs[0]\n        if req.is_finished:\n"
+           "            self.__dict__.setdefault(\"last_buffers\", []).append(bytearray(4096))\n"),
+    Mutant("samples-abort-prefill-drops-tables", "abort (n > 1, chunked prefill)",
+           "aborting an n > 1 request during its chunked prefill drops the tables without a free",
+           "engine/core/scheduler.py",
+           "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",
+           "            if reason is FinishReason.ABORT and seq.in_prefill and seq.sampling_params.n > 1:\n"
+           "                self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
+           "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
 ]
 
 
