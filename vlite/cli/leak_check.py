@@ -27,7 +27,7 @@ SCENARIO_NAMES = ("abort-waiting", "abort-chunked-prefill", "disconnect-mid-stre
                   "beam-under-pressure", "shared-prefix-aborts", "stop-strings", "chat-eos",
                   "preempted-resumed-aborted")
 _SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "
-               "requests asks for (42 blocks at --num-requests 120, 69 at 200), so that preemption happens")
+               "requests asks for (40 blocks at --num-requests 120, 63 at 200), so that preemption happens")
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
@@ -136,6 +136,18 @@ def leak_check(
     t_start = time.time()
     if report is not None:
         _check_writable(report)
+    if not (watch or prometheus):  # their options alone would start a full replay instead
+        given = [flag for flag, value, default in (("--duration", duration, None), ("--interval", interval, None),
+                                                   ("--stuck-after", stuck_after, 300.0), ("--job", job, None),
+                                                   ("--since", since, "6h"), ("--instance", instance, None))
+                 if value != default]
+        if given:
+            common.fail(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --watch or --prometheus; add one of them (or drop "
+                        f"{'it' if len(given) == 1 else 'them'})")
+    if prometheus and url:
+        common.fail("--prometheus reads a range Prometheus stored; --url is for a live server: pick one")
+    if (watch or prometheus) and from_log is not None:
+        common.fail("--from-log reads a server's log; it cannot be combined with --watch or --prometheus")
     if watch or prometheus:
         from vlite.cli.leak_check_watch import run_prometheus_cli, run_watch_cli
 

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +134,7 @@ class MPClient:
         self._in = self._out = None
         self._sendq: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._join_lock = threading.Lock()
 
     def launch(self, timeout: float | None = None) -> dict[str, Any]:
         """Spawn the core process and wait for its "ready" (blocking); returns its info.
@@ -181,7 +183,7 @@ class MPClient:
                     break
                 if msg[0] == "events":
                     on_events(msg[1], msg[2])
-            self._proc.join(5)  # its output pipe closed: the process is exiting
+            self._join(5)  # its output pipe closed: the process is exiting
             self._sendq.put(None)
             on_exit(None)
 
@@ -218,7 +220,7 @@ class MPClient:
             return
         self._sendq.put(("stop", None))
         self._sendq.put(None)
-        self._proc.join(timeout)
+        self._join(timeout)
         if self._proc.is_alive():
             logger.error("engine core did not stop within %.0f s; killing it", timeout)
             self._kill()
@@ -232,6 +234,17 @@ class MPClient:
 
     def exit_message(self) -> str:
         return f"the engine core process exited unexpectedly (exit code {self._proc.exitcode})"
+
+    def _join(self, timeout: float) -> None:
+        """Wait for the process, one thread at a time: two threads waiting at once (the receiver
+        seeing the pipe close, ``stop()``) race to reap it, and the loser's ``is_alive()`` then
+        reads True for a process that is gone (a false "did not stop" and a kill)."""
+        deadline = time.monotonic() + timeout
+        if self._join_lock.acquire(timeout=timeout):
+            try:
+                self._proc.join(max(0.0, deadline - time.monotonic()))
+            finally:
+                self._join_lock.release()
 
     def _atexit(self) -> None:
         if self._proc is not None and self._proc.is_alive():

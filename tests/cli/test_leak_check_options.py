@@ -1,0 +1,22 @@
+"""Options that only mean something with --watch or --prometheus are refused without them, at
+once, instead of being ignored by a full replay (found by a fresh user's trial)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from vlite.cli.main import app
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--job", "vllm"], "--job applies to --watch or --prometheus"),
+    (["--duration", "5", "--interval", "2"], "--duration, --interval apply to --watch or --prometheus"),
+    (["--since", "2h"], "--since applies to --watch or --prometheus"),
+    (["--prometheus", "http://127.0.0.1:9", "--job", "j", "--url", "http://127.0.0.1:9"], "pick one"),
+    (["--watch", "--url", "http://127.0.0.1:9", "--from-log", "x.log"], "--from-log reads a server's log"),
+])
+def test_watch_options_without_watch_are_one_line_errors(args, says):
+    res = CliRunner().invoke(app, ["leak-check", *args])
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output
