@@ -69,18 +69,17 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
         time.sleep(0.2)
 
 
-def census_from_metrics(text: str, requests: list) -> dict | None:
+def census_from_metrics(text: str) -> dict | None:
     """The server's last census as the in-process one (``RunResult.findings.census``) from
     ``vlite:ended_requests_held{container}``: which container held how many ended requests (the
     ids stay in the server: ``/debug`` has them); None when the server exports no census."""
     from vlite.diagnostics.targets.prom import parse_page
 
-    samples = [s for s in parse_page(text).samples if s.name == "vlite:ended_requests_held"]
-    pending = [s for s in parse_page(text).samples if s.name == "vlite:census_pending_requests"]
-    if not pending:
+    samples = parse_page(text).samples
+    if not any(s.name == "vlite:census_pending_requests" for s in samples):
         return None
     held = [{"path": s.labels.get("container", "?"), "kind": "?", "num_entries": int(s.value), "request_ids": [],
-             "client_actions": []} for s in samples if s.value > 0]
+             "client_actions": []} for s in samples if s.name == "vlite:ended_requests_held" and s.value > 0]
     return {"held": held, "objects_visited": None, "elapsed_ms": None, "truncated": False,
             "source": "the server's /metrics (vlite:ended_requests_held)"}
 
@@ -407,7 +406,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
-    findings.census = census_from_metrics(final_metrics, replay.requests)
+    findings.census = census_from_metrics(final_metrics)
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:

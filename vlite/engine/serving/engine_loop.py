@@ -110,6 +110,7 @@ class EngineLoop:
         self._num_ended = self._num_ended_at_census = 0
         self._last_census = 0.0
         self.census: CensusResult | None = None
+        self._held_counts: dict[str, int] = {}  # the census's path -> ended requests held, for the stats
 
     @property
     def num_live(self) -> int:
@@ -254,11 +255,10 @@ class EngineLoop:
     def stats_with_census(self) -> EngineStats:
         """The engine's stats with the last census's counts (``EngineStats.ended_requests_held``)."""
         stats = self.engine.stats()
-        if not isinstance(stats, EngineStats):  # an engine without vlite's stats (a test double)
-            return stats
-        held = {h.path: len(h.request_ids) for h in self.census.held} if self.census is not None else {}
-        return dataclasses.replace(stats, ended_requests_held=held,
-                                   census_pending=self._num_ended - self._num_ended_at_census)
+        pending = self._num_ended - self._num_ended_at_census
+        if not isinstance(stats, EngineStats) or not (self._held_counts or pending):
+            return stats  # nothing to add (or a test double's stats): no copy on every publish
+        return dataclasses.replace(stats, ended_requests_held=self._held_counts, census_pending=pending)
 
     # ---- the request-id census ----------------------------------------------------------------
     def _record_ended(self, request_id: str) -> None:
@@ -280,6 +280,7 @@ class EngineLoop:
 
         try:
             self.census = EngineView(self.engine, self).request_census(set(self._ended), skip=[self._ended])
+            self._held_counts = {h.path: len(h.request_ids) for h in self.census.held}
         except Exception:  # noqa: BLE001 - a diagnostic must not stop the serving loop
             logger.exception("request-id census failed")
         self._num_ended_at_census, self._last_census = self._num_ended, time.monotonic()
