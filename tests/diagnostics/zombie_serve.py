@@ -8,6 +8,11 @@ token; the first may have been in flight when the cut was noticed), skips ``grou
 Mid-stream disconnects and non-streaming timeouts are aborted as usual. The first chunk is held
 ``FIRST_CHUNK_DELAY_S`` (as a long prefill would), so that on a loaded machine the client's cut
 still lands before any token was produced for the stream.
+
+Each engine step is also slowed to ``STEP_DELAY_S``: on the tiny test model a 400-token request
+otherwise ends inside the first chunk's hold, and a mid-stream disconnect would then come after the
+request finished (nothing left to abort). The patch is at module level, so the engine core process
+(multiprocessing "spawn" runs this file again as ``__mp_main__``) gets it too.
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 
 from starlette.responses import StreamingResponse
 
+from vlite.engine.llm_engine import LLMEngine
 from vlite.entrypoints import serving
 
 logger = logging.getLogger("vlite.server")
 _init = serving.AbortOnCloseStreamingResponse.__init__
 FIRST_CHUNK_DELAY_S = 0.3
+STEP_DELAY_S = 0.004  # 400 decode steps take >= 1.6 s, well past the first chunk's hold
 
 
 def _patched_init(self, content, group):
@@ -52,6 +60,15 @@ async def _patched_call(self, scope, receive, send):
             self.group.abort()
 
 
+_step = LLMEngine.step
+
+
+def _slow_step(self):
+    time.sleep(STEP_DELAY_S)
+    return _step(self)
+
+
+LLMEngine.step = _slow_step
 serving.AbortOnCloseStreamingResponse.__init__ = _patched_init
 serving.AbortOnCloseStreamingResponse.__call__ = _patched_call
 
