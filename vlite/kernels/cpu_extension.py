@@ -14,12 +14,14 @@ torch path.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import platform
 import sys
 import threading
+import time
 from pathlib import Path
 
 logger = logging.getLogger("vlite.kernels")
@@ -72,7 +74,7 @@ def _build():
 
         if not _already_built(name):  # a first start would otherwise look like a slow model load
             logger.warning("building the C++ CPU kernels (once per machine and venv, 30-120 s) ...")
-        with _venv_ninja_first():
+        with _venv_ninja_first(), build_lock(_build_directory(name)):
             return load_extension(name=name, sources=[str(p) for p in SOURCES],
                                   extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                                   extra_include_paths=[str(_DIR)], verbose=False)
@@ -105,12 +107,63 @@ def _venv_ninja_first():
             os.environ["PATH"] = old_path
 
 
-def _already_built(name: str) -> bool:
-    """Whether torch's extension cache holds a build of ``name`` (it rebuilds by itself if a
-    source changed; this only decides whether to announce a build)."""
+BUILD_LOCK_WAIT_S = 900.0  # another process's build of the same kernels; a cold build takes 30-120 s
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path | None, wait_s: float = BUILD_LOCK_WAIT_S):
+    """Hold an advisory lock (``fcntl.flock`` on ``build_dir/vlite-build.lock``) around a build,
+    and clear torch's own ``lock`` file there when it is stale.
+
+    Why: torch's ``FileBaton`` is a plain file; a build killed mid-way (Ctrl-C, OOM, a CI timeout)
+    leaves it behind and every later start waits on it forever. The kernel drops a flock when its
+    process dies, so whoever holds this lock knows that no vlite build is running and that a
+    ``lock`` file left there is stale.
+
+    Raises:
+        TimeoutError: another process held the lock for more than ``wait_s`` seconds.
+    """
+    if build_dir is None:
+        yield
+        return
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "vlite-build.lock", "a") as f:
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has been building the C++ CPU kernels in {build_dir} "
+                                       f"for more than {wait_s:g} s") from None
+                if not announced:
+                    logger.warning("waiting for another process's build of the C++ CPU kernels (%s)", build_dir)
+                    announced = True
+                time.sleep(0.2)
+        try:
+            baton = build_dir / "lock"
+            if baton.exists():
+                logger.warning("removing a stale build lock left by a killed build: %s", baton)
+                baton.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_directory(name: str) -> Path | None:
+    """torch's build directory for extension ``name`` (None if its private helper moved)."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
-        return (Path(_get_build_directory(name, False)) / f"{name}.so").exists()
-    except Exception:  # a private torch helper: if it moves, only the notice is lost
-        return True
+        return Path(_get_build_directory(name, False))
+    except Exception:
+        return None
+
+
+def _already_built(name: str) -> bool:
+    """Whether torch's extension cache holds a build of ``name`` (it rebuilds by itself if a
+    source changed; this only decides whether to announce a build)."""
+    build_dir = _build_directory(name)
+    return True if build_dir is None else (build_dir / f"{name}.so").exists()  # None: only the notice is lost
