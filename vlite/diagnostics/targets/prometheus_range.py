@@ -198,6 +198,8 @@ class PrometheusTarget:
         server_kind: the adapter, or "auto" (from the series).
         step_s: the query step (None: 15 s, or coarser for a long range).
         stuck_after_s: the ``running-stuck`` window, seconds.
+        end: the range's end (``time.time()`` seconds; default: now).
+        client: the ``httpx.Client`` for Prometheus's API (tests pass one bound to a fake).
 
     Raises:
         ValueError: no ``job``, or ``since`` is not a duration (the message says what is allowed).
@@ -208,13 +210,15 @@ class PrometheusTarget:
 
     def __init__(self, prometheus: str, job: str | None, since: str, *, instance: str | None = None,
                  server_kind: str = "auto", step_s: float | None = None,
-                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S) -> None:
+                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, end: float | None = None,
+                 client: httpx.Client | None = None) -> None:
         if not job:
             raise ValueError("--prometheus needs --job NAME (the job_name of the scrape config that scrapes the "
                              "server)")
         self.prometheus, self.job, self.since = prometheus, job, since
         self.since_s = parse_since(since)
         self.instance, self.server_kind, self.step_s, self.stuck_after_s = instance, server_kind, step_s, stuck_after_s
+        self.end, self.client = end, client
 
     def describe(self) -> str:
         return f"{self.prometheus}: job {self.job}, the last {self.since}"
@@ -227,5 +231,6 @@ class PrometheusTarget:
         """
         plan.on_line(f"leak-check --prometheus {self.describe()}")
         res = judge_range(self.prometheus, self.job, self.since_s, step_s=self.step_s, instance=self.instance,
-                          server_kind=self.server_kind, stuck_after_s=self.stuck_after_s, on_line=plan.on_line)
+                          end=self.end, server_kind=self.server_kind, stuck_after_s=self.stuck_after_s,
+                          on_line=plan.on_line, client=self.client)
         return res.as_target_run(self.kind)
