@@ -93,6 +93,11 @@ class TargetPlan:
         """Requests per wave for this plan's specs (``default_wave``)."""
         return default_wave(len(self.specs), self.idle_every)
 
+    def replay_options(self) -> dict:
+        """The keyword arguments of ``run_in_process`` and ``run_http`` besides the specs and ``stop``."""
+        return {"max_concurrency": self.max_concurrency, "idle_every": self.wave_size(),
+                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options}
+
 
 @dataclass
 class TargetRun:

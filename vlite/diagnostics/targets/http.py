@@ -273,7 +273,5 @@ class HttpTarget:
         Raises:
             TargetError: the server is unreachable or has no vlite block metrics.
         """
-        run = run_http(self.url, plan.specs, max_concurrency=plan.max_concurrency, idle_every=plan.wave_size(),
-                       sample_interval_s=plan.sample_interval_s, info=plan.info,
-                       zombie_options=plan.zombie_options, stop=stop)
+        run = run_http(self.url, plan.specs, stop=stop, **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)

@@ -338,7 +338,5 @@ class InProcessTarget:
         plan.on_line(f"leak-check: {n} request{'s' if n != 1 else ''} on {self.describe()}, "
                      f"{self.view.stats().num_total_blocks} KV blocks, abort rate {plan.abort_rate} "
                      f"({plan.abort_mode}); Ctrl-C stops early and still writes the report")
-        run = run_in_process(self.engine, plan.specs, max_concurrency=plan.max_concurrency, idle_every=plan.wave_size(),
-                             sample_interval_s=plan.sample_interval_s, info=plan.info,
-                             zombie_options=plan.zombie_options, stop=stop)
+        run = run_in_process(self.engine, plan.specs, stop=stop, **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)
