@@ -199,8 +199,9 @@ def leak_check(
                         "(a client cannot see a preemption over HTTP); drop --url or change the action")
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
-    plan = TargetPlan(specs, max_concurrency, idle_every, interval_s, seed, abort_rate, abort_mode,
-                      trace=workload.endswith(".jsonl"), zombie_options=zombie_options, info=info)
+    plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
+                      seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
+                      zombie_options=zombie_options, info=info)
     if url:
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:

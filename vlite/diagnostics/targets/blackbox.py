@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -419,7 +420,7 @@ class BlackboxTarget:
         kinds = ABORT_KINDS if plan.abort_mode == "mix" else (plan.abort_mode,)
         return design_waves(specs, num_waves, plan.seed, plan.abort_rate, kinds)
 
-    def run(self, plan: TargetPlan, *, stop=None) -> TargetRun:
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
         """Replay the plan in waves (``run_blackbox``), then the zombie check. ``stop`` is not
         watched: a black-box run has no partial verdict.
 

@@ -20,6 +20,7 @@ but do not parse are counted and reported, never fatal.
 from __future__ import annotations
 
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -186,7 +187,7 @@ class LogTarget:
     def describe(self) -> str:
         return f"the stats log {self.path}"
 
-    def run(self, plan: TargetPlan, *, stop=None) -> TargetRun:
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
         """``analyze_log``, then one line with what was read.
 
         Raises:

@@ -15,6 +15,7 @@ one series per label set, values as ``[unix_time, "string"]`` pairs aligned on `
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 
@@ -223,7 +224,7 @@ class PrometheusTarget:
     def describe(self) -> str:
         return f"{self.prometheus}: job {self.job}, the last {self.since}"
 
-    def run(self, plan: TargetPlan, *, stop=None) -> TargetRun:
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
         """Query the range and judge it (``judge_range``); idle points and alerts go to ``plan.on_line``.
 
         Raises:
