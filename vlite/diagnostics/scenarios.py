@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.checks.result import RunResult
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt
 
