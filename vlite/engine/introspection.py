@@ -191,6 +191,10 @@ class EngineView:
         self._engine = engine
         self._loop = loop  # the EngineLoop serving it (vlite.engine.serving), if any: its ``num_live``
 
+    def blocks_document(self) -> dict:
+        """The ``GET /debug/blocks`` document of this engine (``blocks_document``)."""
+        return blocks_document(self._engine, self._loop)
+
     def info(self) -> EngineInfo:
         """The engine's fixed facts (they do not change after start)."""
         e = self._engine
@@ -450,8 +454,8 @@ def blocks_document(engine, loop=None) -> dict:
          "num_running", "num_waiting",
          "sequences": [{"seq_id", "request_id", "index", "status", "block_table", "origin"}],
          "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
-                     "finish_reason"}],
-         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time"}],
+                     "finish_reason", "num_preemptions", "finish_path", "release_error"}],
+         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time", "release_sites", "origin"}],
          "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
                                                       a block shared by n sequences n, a double free < 0)
          "live_state": {...LLMEngine.live_state()},
@@ -461,6 +465,9 @@ def blocks_document(engine, loop=None) -> dict:
     beam (waiting ones with an empty block table), and then every block table whose owner is no
     longer live (an orphan, a leak: its seq_id is in ``live_state["orphan_block_tables"]``).
     ``origin`` is ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
+    A ledger entry's ``finish_path`` is the finish path its sequence recorded ("abort in decode",
+    "stop:stop_string", ...; null while it runs) and ``release_error`` the exception that cut its
+    release short; an anomaly's ``release_sites`` names the releases involved (a double free: both).
     """
     view = EngineView(engine, loop)
     stats = view.stats()
@@ -480,11 +487,21 @@ def blocks_document(engine, loop=None) -> dict:
         sequences.append({"seq_id": seq_id, "request_id": record.origin.request_id if record else None,
                           "index": None, "status": record.status if record else None, "block_table": table,
                           "origin": _origin(record.origin if record else None)})
-    ledger = [{"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
-               "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
-               "finish_reason": r.finish_reason} for r in view.ledger()]
-    anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
-                  "step": a.step, "time": a.time} for a in view.ledger_anomalies()]
+    ledger = []
+    for r in view.ledger():
+        record = view.request_record(r.seq_id)
+        ledger.append({"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
+                       "step": r.step, "age_s": r.age_s, "origin": _origin(r.origin), "status": r.status,
+                       "finish_reason": r.finish_reason,
+                       "num_preemptions": record.num_preemptions if record else None,
+                       "finish_path": record.finish_path if record else None,
+                       "release_error": record.release_error if record else None})
+    anomalies = []
+    for a in view.ledger_anomalies():
+        record = view.request_record(a.seq_id)
+        anomalies.append({"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
+                          "step": a.step, "time": a.time, "release_sites": list(a.release_sites),
+                          "origin": _origin(record.origin if record else None)})
     return {
         "num_total_blocks": stats.num_total_blocks,
         "num_free_blocks": stats.num_free_blocks,

@@ -1,16 +1,15 @@
 """The engine's state at quiescence, in one plain form for both targets.
 
-In-process it comes from the engine's read-only diagnostics (``stats``, ``ledger``,
-``ledger_anomalies``, ``live_state``, ``block_tables_view``, ``ref_counts``,
-``request_record``); over HTTP from ``GET /debug/blocks`` (or only ``/metrics`` when the
-debug endpoints are off, in which case attribution is unavailable).
+Both read the one ``/debug/blocks`` document (``vlite.engine.introspection.blocks_document``):
+in process through ``EngineView.blocks_document``, over HTTP from ``GET /debug/blocks`` (or only
+``/metrics`` when the debug endpoints are off, in which case attribution is unavailable).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 
-from vlite.engine import EngineView, view_dict
+from vlite.engine import EngineView
 
 
 @dataclass
@@ -57,40 +56,14 @@ def _origin_fields(origin) -> dict:
 
 
 def from_view(view: EngineView) -> Snapshot:
-    """Snapshot an in-process engine through its read-only view (call it only while the
-    engine is not stepping)."""
-    s = view.stats()
-    ledger = []
-    for r in view.ledger():
-        rec = view.request_record(r.seq_id)
-        ledger.append({"block_id": r.block_id, "seq_id": r.seq_id, "request_id": r.request_id, "site": r.site,
-                       "step": r.step, "age_s": round(r.age_s, 3), **_origin_fields(r.origin), "status": r.status,
-                       "finish_reason": r.finish_reason, "num_preemptions": rec.num_preemptions if rec else None,
-                       "finish_path": rec.finish_path if rec else None,
-                       "release_error": rec.release_error if rec else None})
-    live = view.live_state()
-    owners = {}
-    for sid in live.get("orphan_block_tables", []):
-        rec = view.request_record(sid)
-        owners[sid] = ({"request_id": rec.origin.request_id, **_origin_fields(rec.origin), "status": rec.status,
-                        "finish_reason": rec.finish_reason} if rec else {"request_id": None})
-    anomalies = [{"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
-                  "step": a.step, "release_sites": list(a.release_sites)} for a in view.ledger_anomalies()]
-    for a in anomalies:
-        rec = view.request_record(a["seq_id"])
-        a.update(_origin_fields(rec.origin if rec else None))
-    snap = Snapshot(s.num_total_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks, s.num_running,
-                    s.num_waiting, ledger, anomalies, live, view.block_tables(), view.ref_counts(), owners)
-    return with_view(snap, view)
-
-
-def with_view(snap: Snapshot, view) -> Snapshot:
-    """Fill the EngineView fields of ``snap`` (in process)."""
-    return apply_view_dict(snap, view_dict(view))
+    """Snapshot an in-process engine: the same ``/debug/blocks`` document a server sends
+    (``EngineView.blocks_document``), read by ``from_debug_blocks``, so both targets see one
+    picture. Call it only while the engine is not stepping."""
+    return from_debug_blocks(view.blocks_document())
 
 
 def apply_view_dict(snap: Snapshot, d: dict) -> Snapshot:
-    """Fill the EngineView fields of ``snap`` from ``view_dict`` data (in process or /debug/blocks)."""
+    """Fill the EngineView fields of ``snap`` from the document's ``view`` part (``view_dict``)."""
     snap.registries = dict(d.get("registries") or {})
     snap.histories = dict(d.get("histories") or {})
     snap.coverage = d.get("coverage")
@@ -107,8 +80,9 @@ def from_debug_blocks(data: dict) -> Snapshot:
     ledger = []
     for r in data.get("ledger", []):
         ledger.append({k: r.get(k) for k in ("block_id", "seq_id", "request_id", "site", "step", "age_s",
-                                             "status", "finish_reason")}
-                      | _origin_fields(r.get("origin")) | {"num_preemptions": r.get("num_preemptions")})
+                                             "status", "finish_reason", "num_preemptions", "finish_path",
+                                             "release_error")}
+                      | _origin_fields(r.get("origin")))
         ledger[-1]["age_s"] = round(float(ledger[-1]["age_s"] or 0.0), 3)
     owners = {}
     by_seq = {s.get("seq_id"): s for s in seqs}
@@ -123,7 +97,11 @@ def from_debug_blocks(data: dict) -> Snapshot:
             ref_counts[int(block_id)] = int(count)
     anomalies = []
     for a in data.get("anomalies", []):
-        anomalies.append(a if isinstance(a, dict) else {"kind": str(a)})
+        if not isinstance(a, dict):
+            anomalies.append({"kind": str(a)})
+            continue
+        anomalies.append({k: a.get(k) for k in ("kind", "block_id", "seq_id", "request_id", "step")}
+                         | {"release_sites": list(a.get("release_sites") or [])} | _origin_fields(a.get("origin")))
     snap = Snapshot(int(data["num_total_blocks"]), int(data["num_free_blocks"]),
                     int(data.get("num_used_blocks", data["num_total_blocks"] - data["num_free_blocks"])),
                     int(data.get("num_cached_blocks", 0)), int(data.get("num_running", 0)),
