@@ -293,7 +293,8 @@ class EngineView:
         return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
 
     def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
-                       skip: Iterable[object] = (), max_objects: int = 500_000) -> CensusResult:
+                       skip: Iterable[object] = (), max_objects: int = 500_000,
+                       exclude_modules: tuple[str, ...] = ()) -> CensusResult:
         """Every container reachable from the engine (and the async engine serving it, and
         ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
         and server modules) that still holds an ended request's id, object or sequence id; with
@@ -302,7 +303,9 @@ class EngineView:
         Call it at an idle point: a sequence id that is not live counts as ended. The bounded
         histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
         docs/leak-check.md), so never call it inside a step. ``skip``: more objects not to enter
-        (the caller's own bounded record of ended ids). See ``census.request_census``.
+        (the caller's own bounded record of ended ids). ``exclude_modules``: packages whose
+        module-level containers another census walks (``census.API_SERVER_MODULES`` when the API
+        server shares this process). See ``census.request_census``.
         """
         sched = self._engine.scheduler
         bm = sched.kv_cache_manager
@@ -312,7 +315,7 @@ class EngineView:
         if self._loop is not None:
             roots["async_engine"] = self._loop
         roots.update(extra_roots or {})
-        roots.update(module_roots())
+        roots.update(module_roots(exclude=exclude_modules))
         return request_census(roots, ended_request_ids,
                               skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
                                     bm.ledger._anomalies, *skip],  # anomalies are reported as such
