@@ -88,9 +88,12 @@ class _AsyncClient:
 
     def census_skip(self) -> tuple[object, ...]:
         """What the API server's request-id census must not enter from this client: its own
-        record of ended ids, and what the engine loop's census walks already (``AsyncLLMEngine``:
-        the engine and the in-process core client with its loop; one process, walked once)."""
-        return (self.ended,)
+        record of ended ids; the event loop (its ready queue, timers and selector reach the
+        server's connections, which are uvicorn's: a keep-alive connection keeps its last
+        request's scope until the next request); and what the engine loop's census walks already
+        (``AsyncLLMEngine``: the engine and the in-process core client with its loop; one
+        process, walked once)."""
+        return (self.ended, self._loop)
 
     def begin_shutdown(self) -> None:
         """Stop accepting requests and abort every request in flight (signal-safe: only queues)."""
