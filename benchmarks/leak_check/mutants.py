@@ -129,9 +129,9 @@ MUTANTS = [
            "            self.__dict__.setdefault(\"holdback\", {})[req.request_id] = primary.output_text\n"),
     Mutant("matcher-kept-on-abort", "structured output",
            "an aborted sequence's grammar matcher is never dropped", "engine/core/structured_output.py",
-           "        if self.matchers.pop(seq.seq_id, None) is not None:\n",
+           "        if seq.seq_id in self.matchers:\n",
            "        if seq.finish_reason is not None and seq.finish_reason.value == \"abort\":\n            return\n"
-           "        if self.matchers.pop(seq.seq_id, None) is not None:\n"),
+           "        if seq.seq_id in self.matchers:\n"),
     Mutant("block-id-list-never-emptied", "host memory (vllm#44175)",
            "every allocated block id is appended to a list nobody empties", "engine/core/block_pool.py",
            "        block = self.blocks[self.free_block_queue.popleft()]\n",

@@ -59,7 +59,7 @@ def test_all_paths_workload_walks_every_path_and_drains(tiny_checkpoint):
         assert cov["finish_reasons"].get(kind, 0) >= 1, kind
     assert set(cov["allocation_sites"]) == {"prefill", "decode append", "prefix cache hit", "fork", "copy-on-write"}
     # every registry was sampled over time, and is empty at the end
-    assert {"reg:scheduler.requests", "reg:engine.groups", "reg:ledger.held"} <= set(run.samples.columns)
+    assert {"reg:scheduler.requests", "reg:scheduler.live_sequences", "reg:ledger.held"} <= set(run.samples.columns)
     assert run.samples["reg:scheduler.requests"].max() > 0 and run.samples["reg:scheduler.requests"].iloc[-1] == 0
     # no zombie: every aborted request's blocks went back in the step it was aborted
     z = run.findings.zombies

@@ -131,12 +131,12 @@ _PLANT = {
     "scheduler.requests": lambda e, s: e.scheduler.requests.__setitem__(s.request_id, _Holder(live=[])),
     "scheduler.waiting": lambda e, s: e.scheduler.waiting.append(s),
     "scheduler.running": lambda e, s: e.scheduler.running.append(s),
-    "engine.groups": lambda e, s: e.scheduler.requests.__setitem__(
+    "scheduler.live_sequences": lambda e, s: e.scheduler.requests.__setitem__(
         "other-id", _Holder(request_id="other-id", live=[s])),
     "block_tables": lambda e, s: e.scheduler.kv_cache_manager.block_tables.__setitem__(s.seq_id, [0]),
     "prefix_hash_progress": lambda e, s: e.scheduler.kv_cache_manager._num_hashed.__setitem__(s.seq_id, 1),
     "ledger.held": lambda e, s: e.scheduler.kv_cache_manager.ledger._held.__setitem__((s.seq_id, 0), None),
-    "structured_output.matchers": lambda e, s: e.scheduler.structured_output.matchers.__setitem__(s.seq_id, None),
+    "structured_output.matchers": lambda e, s: e.scheduler.structured_output.matchers.add(s.seq_id),
 }
 # pending_copies holds (src, dst) block ids with no request identity: only the registry sees it.
 _REGISTRY_ONLY = {"pending_copies"}
@@ -167,7 +167,7 @@ def test_the_census_finds_an_ended_entry_in_every_registered_map(idle_engine, re
 def _state(engine):
     s, bm = engine.scheduler, engine.scheduler.kv_cache_manager
     return (dict(s.requests), list(s.waiting), list(s.running), dict(bm.block_tables), dict(bm._num_hashed),
-            dict(bm.ledger._held), dict(s.structured_output.matchers))
+            dict(bm.ledger._held), set(s.structured_output.matchers))
 
 
 def _restore(engine, saved):
@@ -175,7 +175,7 @@ def _restore(engine, saved):
     for live, old in zip((s.requests, s.waiting, s.running, bm.block_tables, bm._num_hashed, bm.ledger._held,
                           s.structured_output.matchers), saved):
         live.clear()
-        (live.update if isinstance(live, dict) else live.extend)(old)
+        (getattr(live, "extend", None) or live.update)(old)
 
 
 def test_the_walk_does_not_grow_with_the_block_pool(tiny_checkpoint):

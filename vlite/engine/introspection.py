@@ -13,13 +13,12 @@ Registries (per-request state that must be empty once the engine is idle):
 ``scheduler.requests``     live ``Request`` objects by request id
 ``scheduler.waiting``      waiting (and preempted) sequences
 ``scheduler.running``      running sequences
-``engine.groups``          live sequences of all live requests (``Request.live``; the name
-                           is kept from the old per-request group map, for the columns)
+``scheduler.live_sequences`` live sequences of all live requests (``Request.live``)
 ``block_tables``           block tables by sequence id
 ``prefix_hash_progress``   full blocks already hashed, by sequence id (prefix caching)
 ``pending_copies``         copy-on-write copies not yet applied
 ``ledger.held``            block references held (the allocation ledger)
-``structured_output...``   grammar matcher states by sequence id (``structured_output.matchers``)
+``structured_output...``   sequences with a grammar matcher (``structured_output.matchers``)
 ``async.live``             the async engine's requests in flight (a served engine only)
 ``server.metrics_...``     the server's per-request last-token times (``/debug/blocks`` only)
 =========================  ==================================================================
@@ -51,7 +50,7 @@ REGISTRIES: dict[str, str] = {
     "scheduler.requests": "live Request objects by request id",
     "scheduler.waiting": "waiting and preempted sequences",
     "scheduler.running": "running sequences",
-    "engine.groups": "live sequences of the live requests (Request.live)",
+    "scheduler.live_sequences": "live sequences of the live requests (Request.live)",
     "block_tables": "block tables by sequence id",
     "prefix_hash_progress": "hashed full blocks by sequence id (prefix caching)",
     "pending_copies": "copy-on-write copies not applied yet",
@@ -209,7 +208,7 @@ class EngineView:
         sched, bm = e.scheduler, e.scheduler.kv_cache_manager
         sizes = {"scheduler.requests": len(sched.requests), "scheduler.waiting": len(sched.waiting),
                  "scheduler.running": len(sched.running),
-                 "engine.groups": sum(len(r) for r in list(sched.requests.values())),
+                 "scheduler.live_sequences": sum(len(r) for r in list(sched.requests.values())),
                  "block_tables": len(bm.block_tables), "prefix_hash_progress": len(bm._num_hashed),
                  "pending_copies": len(bm.pending_copies), "ledger.held": len(bm.ledger),
                  "structured_output.matchers": len(sched.structured_output.matchers)}

@@ -218,10 +218,16 @@ class InProcessClient:
                 self._abort(ro.request_id, res, "prefill ran in one step; aborted at its first token")
                 done(ro.request_id)
         for rid, (spec, _) in list(inflight.items()):
-            if spec.action.kind not in ("abort-prefill", "abort-preempted", "abort-resumed"):
+            beam_after_tokens = spec.beam_width > 1 and spec.action.kind == "abort-after-tokens"
+            if spec.action.kind not in ("abort-prefill", "abort-preempted", "abort-resumed") and not beam_after_tokens:
                 continue
             p = self.view.request_progress(rid)
-            if p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
+            if p and beam_after_tokens and p["num_output_tokens"] >= spec.action.after_tokens:
+                # a beam search returns its beams only at the end: its progress says it is decoding
+                self._abort(rid, results[rid], f"aborted during beam search decode, {p['num_output_tokens']} "
+                                               "tokens into its beams")
+                done(rid)
+            elif p and spec.action.kind == "abort-preempted" and p["num_preemptions"] > 0:
                 self._abort(rid, results[rid], f"aborted after {p['num_preemptions']} preemption(s), "
                                                f"status {p['status']}")
                 done(rid)

@@ -97,6 +97,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     specs = []
     probes = ABORT_PROBES if abort_rate > 0 and abort_mode == "mix" else ()
     if probes and in_process:  # a client sees preemption only in process
+        # ... and a beam search's decode progress, though it streams nothing: abort it after
+        # tokens instead of by a client timeout, which a busy run lets fire while it still waits
+        probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
         probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
     for i, t in enumerate(arrivals):

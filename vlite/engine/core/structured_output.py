@@ -13,8 +13,10 @@ The pieces, one concept each:
       (one template ``LLMatcher`` per distinct constraint); ``compile`` is thread-safe, so the
       server compiles (and refuses, 400) a constraint in its tokenizer threads before the
       request is queued;
-    - the per-sequence matcher registry ``matchers`` (seq_id -> ``LLMatcher``, also reachable
-      as ``seq.grammar_matcher``): ``add`` when a request is queued, ``fork`` for the n > 1
+    - the per-sequence matchers: each lives on its sequence only (``seq.grammar_matcher``, as
+      vLLM keeps a request's grammar on the request); the manager's registry ``matchers`` is
+      the set of sequence ids that hold one, so a matcher never freed stays visible to the leak
+      check. ``add`` when a request is queued, ``fork`` for the n > 1
       samples (a deep copy: the children start where the parent is), ``accept`` for each
       token appended to the sequence, ``free`` from ``Scheduler.finish_sequence`` (every exit:
       stop, length, abort, error). The leak check reads the registry's size
@@ -80,7 +82,7 @@ class StructuredOutputManager:
         self._tokenizer_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[str, LLMatcher] = OrderedDict()
-        self.matchers: dict[int, LLMatcher] = {}  # seq_id -> matcher, live sequences only
+        self.matchers: set[int] = set()  # ids of the sequences holding a matcher (the matcher is on the sequence)
         self.num_compiled = 0  # cache misses (grammars compiled)
         self.num_cache_hits = 0
 
@@ -158,7 +160,7 @@ class StructuredOutputManager:
     def _register(self, seq: Sequence, matcher: LLMatcher) -> None:
         if seq.seq_id not in self.matchers:
             StructuredOutputManager.live_total += 1
-        self.matchers[seq.seq_id] = matcher
+            self.matchers.add(seq.seq_id)
         seq.grammar_matcher = matcher
 
     def accept(self, seq: Sequence, token: int) -> tuple[bool, str | None]:
@@ -171,7 +173,8 @@ class StructuredOutputManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s matcher (every finish path; idempotent)."""
-        if self.matchers.pop(seq.seq_id, None) is not None:
+        if seq.seq_id in self.matchers:
+            self.matchers.discard(seq.seq_id)
             StructuredOutputManager.live_total -= 1
         seq.grammar_matcher = None
 
