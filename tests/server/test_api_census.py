@@ -24,9 +24,10 @@ def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 400))
 
 
-async def _serve_requests(app, batches: list[list[str]]) -> tuple[dict, str]:
+async def _serve_requests(app, batches: list[list[str]], then=None) -> tuple[dict, str]:
     """Serve one completion per id (every other one streamed), batch after batch, waiting after
-    each for both censuses to be current; return the last /debug/census and /metrics."""
+    each for both censuses to be current; return the last /debug/census and /metrics (after
+    ``then(app)``, if given, still inside the app's lifespan)."""
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             loop = asyncio.get_running_loop()
@@ -46,6 +47,8 @@ async def _serve_requests(app, batches: list[list[str]]) -> tuple[dict, str]:
                         break
                     await asyncio.sleep(0.1)
                 assert pending == 0
+            if then is not None:
+                then(app)
             return (await http.get("/debug/census")).json(), page
 
 
@@ -87,14 +90,20 @@ def test_a_map_planted_in_the_api_server_is_named_with_its_request_ids(tiny_chec
 
 def test_a_clean_server_holds_no_ended_request_on_either_side(tiny_checkpoint):
     app = create_app(ServerSettings(enable_debug_endpoints=True), lambda: make_engine(tiny_checkpoint, num_blocks=32))
-    doc, page = _run(_serve_requests(app, [["c-1", "c-2"]]))
+
+    def idle_points_need_no_http_request_in_flight(app) -> None:
+        state, census = app.state.server, app.state.server.census
+        taken = census.taken_at
+        state.engine.num_ended += 1  # as if one more request had ended
+        state.requests_in_flight = 1  # a request still being answered (a /metrics scrape does not count)
+        assert census.pending == 1 and not census.idle() and not census.maybe_run() and census.taken_at == taken
+        state.requests_in_flight = 0
+        assert census.idle()
+        census._last -= 10  # the interval has passed
+        assert census.maybe_run() and census.pending == 0 and census.taken_at != taken
+
+    doc, page = _run(_serve_requests(app, [["c-1", "c-2"]], then=idle_points_need_no_http_request_in_flight))
     for side in ("api_server", "engine"):
         assert doc[side]["held"] == [] and doc[side]["pending"] == 0 and doc[side]["taken_at"] is not None, doc
         assert doc[side]["objects_visited"] > 100  # it did walk something
     assert _held(page) == {}
-    census = app.state.server.census
-    state = app.state.server
-    # not an idle point while an HTTP request is served (a scrape of /metrics does not count)
-    state.engine.num_ended += 1
-    state.requests_in_flight = 1
-    assert census.pending == 1 and not census.idle() and not census.maybe_run()
