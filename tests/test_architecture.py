@@ -227,7 +227,7 @@ _FLOORS = [
     ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload"),
     ("vlite.diagnostics.checks",),
     ("vlite.diagnostics.targets",),
-    ("vlite.diagnostics.report", "vlite.diagnostics.run"),
+    ("vlite.diagnostics.report",),
     ("vlite.diagnostics.scenarios", "vlite.diagnostics"),
     ("vlite.cli",),
 ]

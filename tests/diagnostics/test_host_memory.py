@@ -11,7 +11,7 @@ import torch
 from conftest import make_engine
 
 from vlite.diagnostics.checks.host_memory import host_memory_check, plateau_test
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.replay import IdlePoint
 from vlite.diagnostics.workload.sources import synthetic_workload
 

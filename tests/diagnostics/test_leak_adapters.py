@@ -21,7 +21,7 @@ from vlite.diagnostics.targets.adapters import (
     markdown_table,
     slots_occupancy,
 )
-from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.targets.prom import parse_page
 
 FIX = Path(__file__).parent / "fixtures"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from serve_harness import ServerProcess, free_port, running
 
-from vlite.diagnostics.targets.blackbox import connect, run_blackbox, split_waves
+from vlite.diagnostics.targets.blackbox import run_blackbox, split_waves
+from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import jsonl_workload, synthetic_workload, with_action
 

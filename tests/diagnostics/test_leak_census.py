@@ -7,7 +7,7 @@ import types
 
 from conftest import make_engine
 
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.sources import synthetic_workload
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import make_engine
 
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt, synthetic_workload
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import make_engine
 
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.all_paths import all_paths_workload, suggest_num_blocks
 from vlite.diagnostics.workload.sources import RequestSpec, WorkloadError, jsonl_workload, synthetic_prompt
@@ -183,7 +183,7 @@ def test_unwritable_report_fails_before_the_run(tmp_path):
 
 
 def test_default_wave_keeps_small_traces_in_one_wave():
-    from vlite.cli.leak_check import _default_wave
+    from vlite.diagnostics.targets.base import default_wave as _default_wave
 
     assert _default_wave(5, None) == 5 and _default_wave(60, None) == 16 and _default_wave(200, None) == 40
     assert _default_wave(200, 7) == 7

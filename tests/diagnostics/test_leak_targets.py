@@ -278,7 +278,7 @@ def test_white_box_report_directory_gets_a_single_file_html(tiny_checkpoint, tmp
     from conftest import make_engine
 
     from vlite.diagnostics.report.report import write_report
-    from vlite.diagnostics.run import run_in_process
+    from vlite.diagnostics.targets.inprocess import run_in_process
 
     engine = make_engine(tiny_checkpoint, num_blocks=32)
     run = run_in_process(engine, synthetic_workload(4, input_len=(8, 16), output_len=(4, 6), seed=0),
@@ -296,7 +296,8 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
 
     import httpx
 
-    from vlite.diagnostics.targets.http import TargetError, wait_ready
+    from vlite.diagnostics.targets.base import TargetError
+    from vlite.diagnostics.targets.openai_client import wait_ready
 
     def client(*statuses):
         answers = iter(statuses)

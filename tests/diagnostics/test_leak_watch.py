@@ -21,7 +21,7 @@ from serve_harness import ServerProcess, read_metrics, running, wait_drained
 
 from vlite.diagnostics.report.watch_report import write_watch_report
 from vlite.diagnostics.targets.adapters import MetricsReading
-from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.targets.watch import Watcher, watch
 
 VLITE = str(Path(sys.executable).with_name("vlite"))

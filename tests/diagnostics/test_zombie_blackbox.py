@@ -12,7 +12,7 @@ import pytest
 import serve_harness
 from serve_harness import ServerProcess, running
 
-from vlite.diagnostics.targets.blackbox import connect
+from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.targets.zombie_blackbox import (
     _measure,
     _Scrape,

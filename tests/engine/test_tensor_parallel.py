@@ -138,7 +138,7 @@ class TestTwoRanks:
                 assert want[tid].rank == have[tid].rank or (not top_k and abs(want[tid].rank - have[tid].rank) <= 5)
 
     def test_leak_check_under_tp_is_clean_and_samples_every_worker(self, tp2_engine):
-        from vlite.diagnostics.run import run_in_process
+        from vlite.diagnostics.targets.inprocess import run_in_process
         from vlite.diagnostics.workload.sources import synthetic_workload
 
         specs = synthetic_workload(12, input_len=(8, 30), output_len=(4, 10), abort_rate=0.5, abort_mode="mix", seed=3)

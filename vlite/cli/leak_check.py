@@ -16,7 +16,6 @@ import typer
 from rich.console import Console
 
 from vlite.cli import common
-from vlite.cli.interrupt import EXIT_INTERRUPTED, graceful_interrupt
 from vlite.engine import EngineArgs
 
 _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disconnect-stream, client-timeout, or mix."
@@ -116,6 +115,8 @@ def leak_check(
                                                "request per client action after the waves (0 = no zombie check)."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
+    from vlite.cli.leak_check_target import connect_or_fail, run_target
+    from vlite.diagnostics.targets.base import TargetPlan, default_wave
     from vlite.diagnostics.workload.actions import ABORT_MODES
     from vlite.engine import FAULTS
 
@@ -149,22 +150,28 @@ def leak_check(
     if (watch or prometheus) and from_log is not None:
         common.fail("--from-log reads a server's log; it cannot be combined with --watch or --prometheus")
     if watch or prometheus:
-        from vlite.cli.leak_check_watch import run_prometheus_cli, run_watch_cli
-
         if watch and prometheus:
             common.fail("--watch scrapes a live server (--url), --prometheus reads a stored range: pick one")
         if watch and not url:
             common.fail("--watch needs --url (the server to watch)")
         if prometheus:
-            sys.exit(run_prometheus_cli(prometheus, job, since, console, report, instance=instance,
-                                        server_kind=server_kind,
-                                        step_s=interval, stuck_after_s=stuck_after))
-        sys.exit(run_watch_cli(url, console, report, server_kind=server_kind, api_key=api_key, server_pid=server_pid,
-                               interval_s=interval or 1.0, duration_s=duration, stuck_after_s=stuck_after))
-    if from_log is not None:
-        from vlite.cli.leak_check_blackbox import run_from_log
+            from vlite.diagnostics.targets.prometheus_range import PrometheusTarget
 
-        sys.exit(run_from_log(from_log, console, report))
+            try:
+                target = PrometheusTarget(prometheus, job, since, instance=instance, server_kind=server_kind,
+                                          step_s=interval, stuck_after_s=stuck_after)
+            except ValueError as exc:
+                common.fail(str(exc))
+        else:
+            from vlite.diagnostics.targets.watch import WatchTarget
+
+            target = WatchTarget(connect_or_fail(url, server_kind, api_key), interval_s=interval or 1.0,
+                                 duration_s=duration, stuck_after_s=stuck_after, server_pid=server_pid)
+        sys.exit(run_target(target, TargetPlan(), console, report))
+    if from_log is not None:
+        from vlite.diagnostics.targets.from_log import LogTarget
+
+        sys.exit(run_target(LogTarget(from_log), TargetPlan(), console, report))
     from vlite.diagnostics.workload.all_paths import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     if max_num_batched_tokens is None:
@@ -181,8 +188,8 @@ def leak_check(
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
                            count_tokens=None, n=n, in_process=url is None,
-                           wave_size=_default_wave(n_specs, idle_every) if n_specs else None)
-    every = _default_wave(len(specs), idle_every)
+                           wave_size=default_wave(n_specs, idle_every) if n_specs else None)
+    every = default_wave(len(specs), idle_every)
     if url:
         from vlite.diagnostics.workload.actions import IN_PROCESS_ONLY
 
@@ -192,59 +199,29 @@ def leak_check(
                         "(a client cannot see a preemption over HTTP); drop --url or change the action")
     info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
+    plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
+                      seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
+                      zombie_options=zombie_options, info=info)
     if url:
-        from vlite.cli.leak_check_blackbox import connect_or_fail, run_blackbox_cli
-
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:
-            sys.exit(run_blackbox_cli(conn, url, specs, workload, console, report, info, seed=seed,
-                                      abort_rate=abort_rate, abort_mode=abort_mode, idle_every=idle_every,
-                                      max_concurrency=max_concurrency, interval_s=interval_s,
-                                      drain_timeout=drain_timeout, bisect_budget=bisect_budget,
-                                      server_pid=server_pid, t_start=t_start,
-                                      zombie_max_tokens=zombie_max_tokens, zombie_threshold_s=zombie_threshold_s))
-        from vlite.diagnostics.targets.http import TargetError, run_http
+            from vlite.diagnostics.targets.blackbox import BlackboxTarget
 
-        with graceful_interrupt("the replay") as stop:
-            try:
-                run = run_http(url, specs, max_concurrency=max_concurrency, idle_every=every,
-                               sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
-            except TargetError as exc:
-                common.fail(str(exc))
-            run.info["total_s"] = round(time.time() - t_start, 2)
-            _finish(run, console, report)
-        sys.exit(exit_code(run.findings.verdict))
+            target = BlackboxTarget(conn, url=url, drain_timeout_s=drain_timeout, bisect_budget_s=bisect_budget,
+                                    server_pid=server_pid, zombie_max_tokens=zombie_max_tokens)
+        else:
+            from vlite.diagnostics.targets.http import HttpTarget
+
+            target = HttpTarget(url)
     else:
-        from vlite.diagnostics.run import run_in_process
+        from vlite.diagnostics.targets.inprocess import InProcessTarget
         from vlite.diagnostics.workload.all_paths import suggest_num_blocks
 
         if workload == "all-paths" and engine_args.num_blocks is None and engine_args.kv_cache_memory_bytes is None:
             # small enough to preempt
             engine_args.num_blocks = suggest_num_blocks(specs, every, engine_args.block_size)
-        config = common.create_engine_config(engine_args)
-        engine = common.load_engine(config)
-        console.print(f"leak-check: {common.plural(len(specs), 'request')} on {engine.model_name} "
-                      f"({engine.device.type}), {engine.stats().num_total_blocks} KV blocks, abort rate {abort_rate} "
-                      f"({abort_mode}); Ctrl-C stops early and still writes the report", highlight=False)
-        # The first Ctrl-C stops the replay, drains and reports what was measured; a second exits at once.
-        with graceful_interrupt("the replay") as stop:
-            run = run_in_process(engine, specs, max_concurrency=max_concurrency, idle_every=every,
-                                 sample_interval_s=interval_s, info=info, zombie_options=zombie_options, stop=stop)
-            run.info["total_s"] = round(time.time() - t_start, 2)
-            _finish(run, console, report)
-        sys.exit(exit_code(run.findings.verdict))
-
-
-def exit_code(verdict: str) -> int:
-    """The exit code of a verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT), else 1."""
-    return {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": EXIT_INTERRUPTED}.get(verdict, 1)
-
-
-def _default_wave(num_specs: int, idle_every: int | None) -> int:
-    """Requests per wave: ``--idle-every``, else a fifth of the run but at least 16 (or all)."""
-    if idle_every is not None:
-        return idle_every
-    return max(1, num_specs // 5, min(num_specs, 16))
+        target = InProcessTarget(common.load_engine(common.create_engine_config(engine_args)))
+    sys.exit(run_target(target, plan, console, report, t_start=t_start))
 
 
 def _check_writable(report: Path) -> None:
@@ -290,29 +267,12 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
         common.fail(str(exc))
 
 
-def _finish(run, console: Console, report: Path | None) -> None:
-    from vlite.diagnostics.report.report import print_report, print_verdict, write_report
-
-    print_report(run, console)
-    replay_s, total_s = run.info.get("replay_s"), run.info.get("total_s")
-    if run.replay.interrupted:
-        console.print(f"[yellow]{run.replay.interrupted}[/]", highlight=False)
-    console.print(f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(replay_s)} "
-                  f"({common.seconds(total_s)} with engine start-up: model load, kernel build); "
-                  f"{common.plural(len(run.samples), 'sample')}", highlight=False)
-    if report is not None:
-        try:
-            write_report(run, report)
-        except OSError as exc:
-            common.fail(f"cannot write the report to {report}: {exc}")
-        console.print(f"report written to {report}/ (report.json, report.md, report.html, samples.csv, *.png)", highlight=False)
-    print_verdict(run.findings, console, prefix="verdict: ")  # again, last, where a scrolled terminal shows it
-
-
 def _run_scenarios(name, console, report, engine_args: EngineArgs, interval_s, zombie_options=None) -> int:
     from rich.table import Table
 
+    from vlite.cli.leak_check_target import finish
     from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
+    from vlite.diagnostics.targets.base import TargetRun
     from vlite.engine import ModelNotFoundError, load_checkpoint
 
     if name != "all" and name not in SCENARIOS:
@@ -339,9 +299,9 @@ def _run_scenarios(name, console, report, engine_args: EngineArgs, interval_s, z
                       highlight=False)
         if not res.passed:
             console.rule(f"{sc.name}: {sc.description}")
-            _finish(res.run, console, report / sc.name if report else None)
+            finish(TargetRun.of_run_result("in-process", res.run), console, report / sc.name if report else None)
         elif report:
-            _finish(res.run, Console(quiet=True), report / sc.name)
+            finish(TargetRun.of_run_result("in-process", res.run), Console(quiet=True), report / sc.name)
     console.print(table)
     console.print(f"{len(chosen) - failed}/{len(chosen)} scenarios passed", highlight=False)
     return 1 if failed else 0

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vlite.diagnostics.checks.result import RunResult
-from vlite.diagnostics.run import run_in_process
+from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import RequestSpec, synthetic_prompt
 
@@ -175,7 +175,7 @@ NEW_SCENARIOS = [
                                          "aborted in decode (after the fork)": _at_least(("abort_states", "decode"))}),
                           _expect_outcomes({"ns-0004": {"finished"}, "ns-0003": {"aborted"}}))),
     Scenario("beam-under-pressure", "beam search (width 4) with long requests on a 24-block cache: beams pruned, "
-             "forked and preempted; one beam search aborted", _beam_pressure, {"num_blocks": 24},
+             "forked and preempted; one beam search aborted", _beam_pressure, {"num_blocks": 20},
              expect=_both(_expect_cov(**{"beams pruned": _at_least(("beam_prunes",)),
                                          "preempted": _at_least(("preemptions",)),
                                          "forks happened": _at_least(("forks",))}),

@@ -1,5 +1,6 @@
-"""RunResult: a finished leak-check run, whichever target ran it: the findings, the samples and
-the replay's results."""
+"""RunResult: a finished in-process or vlite-serve run (``targets/inprocess.py``,
+``targets/http.py``): the findings, the samples and the replay's results. The other targets
+return their own results; every target's run reaches the command as a ``targets/base.TargetRun``."""
 
 from __future__ import annotations
 

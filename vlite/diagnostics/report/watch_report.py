@@ -4,14 +4,28 @@ directory is current while the watch runs."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from vlite.diagnostics.report.html_report import write_html
-from vlite.diagnostics.report.writer import md_table
+from rich.console import Console
+from rich.markup import escape
+
+from vlite.diagnostics.report.writer import md_table, write_report_dir
 from vlite.diagnostics.targets.watch import WatchResult
+
+_COLOR = {"CLEAN": "green", "INCONCLUSIVE": "yellow"}  # every other verdict red
+
+
+def print_watch(res: WatchResult, console: Console) -> None:
+    """The notes (the idle points and alerts were printed as they came)."""
+    for n in res.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
+
+
+def print_watch_verdict(res: WatchResult, console: Console, prefix: str = "") -> None:
+    """The one-line verdict (CLEAN green, INCONCLUSIVE yellow, any flag red)."""
+    console.print(f"[bold {_COLOR.get(res.verdict, 'red')}]{escape(prefix + res.summary)}[/]", highlight=False)
 
 
 def report_markdown(res: WatchResult) -> str:
@@ -42,14 +56,8 @@ def write_watch_report(res: WatchResult, out_dir: Path) -> Path:
     Raises:
         OSError: the directory cannot be created or written.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res.samples.to_csv(out_dir / "samples.csv", index=False)
-    md = report_markdown(res)
-    (out_dir / "report.md").write_text(md)
-    write_html(out_dir, md, f"vlite leak-check --watch: {res.verdict}")
     body = {"verdict": res.verdict, "summary": res.summary, "server_kind": res.server_kind, "unit": res.unit,
             "run": res.info, "alerts": [asdict(a) for a in res.alerts],
             "idle_points": [asdict(p) for p in res.idle_points], "memory_test": res.memory_test, "notes": res.notes}
-    (out_dir / "report.json").write_text(json.dumps(body, indent=2, default=str))
-    return out_dir
+    return write_report_dir(out_dir, body, res.samples, lambda d: [], lambda plots: report_markdown(res),
+                            f"vlite leak-check --watch: {res.verdict}")

@@ -1,8 +1,9 @@
 """The one report-directory writer and the Markdown pieces both leak-check reports share.
 
 A leak-check report directory holds report.json, samples.csv, the PNG plots, report.md and
-report.html (the Markdown with the plots embedded); the in-process/HTTP report (``report``) and
-the black-box and from-log report (``blackbox_report``) both write it here.
+report.html (the Markdown with the plots embedded); the in-process/HTTP report (``report``), the
+black-box and from-log report (``blackbox_report``) and the watch and Prometheus report
+(``watch_report``, no plots) all write it here.
 """
 
 from __future__ import annotations

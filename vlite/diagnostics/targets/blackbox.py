@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -34,113 +35,14 @@ import numpy as np
 import pandas as pd
 
 from vlite.diagnostics.checks.detect import Trend, trough_trend
-from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
-from vlite.diagnostics.targets.http import TargetError, send_request, wait_ready
+from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
+from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
-from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
 from vlite.diagnostics.targets.samplers import Sampler
+from vlite.diagnostics.targets.zombie_blackbox import apply_to, zombie_check_blackbox
 from vlite.diagnostics.workload.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
-
-IDLE_SCRAPES = 3  # consecutive idle scrapes that make an idle point
-SCRAPE_PERIOD_S = 0.1
-EXIT_CODES = {"CLEAN": 0, "LEAK": 1, "ZOMBIE": 1, "INCONCLUSIVE": 3}
-_REPLAY_TIMEOUT_S = 600.0
-
-
-class NullProbe:
-    """The memory probe of a server whose process cannot be seen: no columns."""
-
-    gpu_source = None
-    note = None
-    last_tree: list = []
-
-    def read(self) -> dict:
-        return {}
-
-
-@dataclass
-class Connection:
-    """A reachable server: base URL, its adapter, headers (auth) and body fields (model)."""
-
-    base: str
-    adapter: Adapter
-    headers: dict
-    body: dict
-    client: httpx.Client
-    metrics_path: str = "/metrics"
-
-    def extra(self) -> dict:
-        """The adapter's JSON pages besides /metrics (llama.cpp's /slots); a page that fails is left out."""
-        out = {}
-        for path in self.adapter.extra_paths:
-            try:
-                r = self.client.get(f"{self.base}{path}", headers=self.headers, timeout=10)
-                if r.status_code == 200:
-                    out[path] = r.json()
-            except (httpx.HTTPError, ValueError):
-                pass
-        return out
-
-    def state(self) -> MetricsReading:
-        """Scrape ``/metrics`` once and map it through the adapter.
-
-        Raises:
-            TargetError: the scrape fails or the page no longer parses.
-        """
-        try:
-            r = self.client.get(f"{self.base}{self.metrics_path}", headers=self.headers, timeout=10)
-            r.raise_for_status()
-            return self.adapter.read(parse_page(r.text), self.extra())
-        except (httpx.HTTPError, MetricsFormatError, KeyError) as exc:
-            raise TargetError(f"{self.base}/metrics: {type(exc).__name__}: {exc}") from exc
-
-
-def connect(url: str, server_kind: str = "auto", api_key: str | None = None, ready_timeout_s: float = 120.0
-            ) -> Connection:
-    """Wait for the server, scrape ``/metrics`` once and pick its adapter.
-
-    Raises:
-        TargetError: nothing answers, ``/metrics`` needs a key (401/403), is missing, is not
-            Prometheus text, or matches no known server (each with a one-line message).
-    """
-    base = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    client = httpx.Client(timeout=10.0)
-    wait_ready(base, client, timeout_s=ready_timeout_s)
-    try:
-        r = client.get(f"{base}/metrics", headers=headers)
-    except httpx.HTTPError as exc:
-        raise TargetError(f"{base}/metrics: {type(exc).__name__}: {exc}") from exc
-    if r.status_code in (401, 403):
-        hint = "the --api-key was refused" if api_key else "pass the server's key with --api-key"
-        raise TargetError(f"{base}/metrics answered HTTP {r.status_code} ({r.reason_phrase}): {hint}")
-    if r.status_code != 200:
-        raise TargetError(f"{base}/metrics answered HTTP {r.status_code}: the server exports no Prometheus "
-                          "metrics there (SGLang needs --enable-metrics, llama.cpp --metrics)")
-    metrics_path = "/metrics"
-    if "json" in r.headers.get("content-type", ""):  # trtllm-serve: JSON iteration stats at /metrics
-        alt = client.get(f"{base}/prometheus/metrics", headers=headers)
-        if alt.status_code == 200:
-            r, metrics_path = alt, "/prometheus/metrics"
-    try:
-        page = parse_page(r.text)
-        adapter = detect_kind(page, server_kind)
-        probe = Connection(base, adapter, headers, {}, client, metrics_path)
-        adapter.read(page, probe.extra())
-    except MetricsFormatError as exc:
-        raise TargetError(f"{base}/metrics is not a Prometheus page: {exc}") from exc
-    except (UnknownServerError, ValueError, KeyError) as exc:
-        raise TargetError(str(exc)) from exc
-    body = {}
-    try:  # the served model's name, for servers that require "model" in the body
-        models = client.get(f"{base}/v1/models", headers=headers).json().get("data") or []
-        if models and models[0].get("id"):
-            body["model"] = models[0]["id"]
-    except (httpx.HTTPError, ValueError, AttributeError):
-        pass
-    return Connection(base, adapter, headers, body, client, metrics_path)
 
 
 def action_text(a: ClientAction) -> str:
@@ -258,101 +160,18 @@ class BlackboxResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return exit_code(self.verdict)
 
-
-class _Driver:
-    """Replays waves and reads idle points against one connection (async)."""
-
-    def __init__(self, conn: Connection, memory, max_concurrency: int, drain_timeout_s: float) -> None:
-        self.conn, self.memory = conn, memory
-        self.max_concurrency = max_concurrency
-        self.drain_timeout_s = drain_timeout_s
-        self.probes: list[dict] = []
-        self._probe_no = 0
-        self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
-
-    async def read(self, client: httpx.AsyncClient) -> MetricsReading:
-        r = await client.get(f"{self.conn.base}{self.conn.metrics_path}", headers=self.conn.headers)
-        r.raise_for_status()
-        extra = {}
-        for path in self.conn.adapter.extra_paths:  # llama.cpp's /slots
-            try:
-                e = await client.get(f"{self.conn.base}{path}", headers=self.conn.headers)
-                if e.status_code == 200:
-                    extra[path] = e.json()
-            except (httpx.HTTPError, ValueError):
-                pass
-        return self.conn.adapter.read(parse_page(r.text), extra)
-
-    async def wait_idle(self, client: httpx.AsyncClient, timeout_s: float | None = None) -> MetricsReading | None:
-        """The state once running == waiting == 0 for IDLE_SCRAPES scrapes in a row; None on timeout."""
-        deadline, quiet = time.monotonic() + (timeout_s or self.drain_timeout_s), 0
-        while time.monotonic() < deadline:
-            try:
-                state = await self.read(client)
-            except (httpx.HTTPError, MetricsFormatError, KeyError):
-                state, quiet = None, 0
-            if state is not None and state.idle:
-                quiet += 1
-                if quiet >= IDLE_SCRAPES:
-                    return state
-            else:
-                quiet = 0
-            await asyncio.sleep(SCRAPE_PERIOD_S)
-        return None
-
-    async def send(self, specs: list[RequestSpec], results: dict[str, RequestResult],
-                   timeout_s: float = _REPLAY_TIMEOUT_S) -> bool:
-        """Send ``specs`` (up to max_concurrency at once); False when they did not all end within
-        ``timeout_s`` (the rest are cancelled: their connections close, an abort to the server)."""
-        sem = asyncio.Semaphore(self.max_concurrency)
-
-        async def launch(spec: RequestSpec) -> None:
-            async with sem:
-                await send_request(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
-
-        try:
-            await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), max(0.1, timeout_s))
-            return True
-        except TimeoutError:
-            return False
-
-    async def probe(self, client: httpx.AsyncClient, wave: str, before: MetricsReading | None = None
-                    ) -> MetricsReading | None:
-        """A 1-token request (forces an engine step), then idle again; the state after it."""
-        before = before or await self.wait_idle(client)
-        if before is None:
-            return None
-        self._probe_no += 1
-        rid = f"vlite-probe-{self._probe_no}-{int(time.time() * 1000) % 10**8}"
-        body = {"prompt": "probe", "max_tokens": 1, "temperature": 0.0, **self.conn.body}
-        status: int | str
-        try:
-            r = await client.post(f"{self.conn.base}/v1/completions", json=body,
-                                  headers={"X-Request-Id": rid, **self.conn.headers},
-                                  timeout=min(60.0, self.drain_timeout_s))
-            status = r.status_code
-        except httpx.HTTPError as exc:
-            status = f"{type(exc).__name__}"
-        after = await self.wait_idle(client)
-        self.probes.append({"time": time.time(), "after": wave, "request_id": rid, "status": status,
-                            "kv_used_before": before.kv_used, "kv_used_after": after.kv_used if after else None})
-        return after
-
-    async def idle_point(self, client: httpx.AsyncClient, wave: str) -> MetricsReading | None:
-        """Drain, probe, and return the confirmed idle state (None: never drained in time)."""
-        idle = await self.wait_idle(client)
-        if idle is None:
-            return None
-        return await self.probe(client, wave, idle)
+    def as_target_run(self, kind: str) -> TargetRun:
+        """This result as the ``TargetRun`` of a target of ``kind`` ("blackbox" or "log")."""
+        return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes, self.replay)
 
 
 def _rss(memory) -> int | None:
     return memory.read().get("rss_bytes")
 
 
-async def _replay_waves(driver: _Driver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
+async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
                         out: ReplayResult) -> tuple[list[float], bool]:
     """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
     point, baseline first) and whether every wave drained."""
@@ -379,7 +198,7 @@ async def _replay_waves(driver: _Driver, waves: list[list[RequestSpec]], results
     return used, True
 
 
-async def _confirm(driver: _Driver, baseline: float, last: float, budget_s: float) -> float:
+async def _confirm(driver: BlackboxDriver, baseline: float, last: float, budget_s: float) -> float:
     """Probe twice more, then (servers whose idle gauges lag, ``adapter.gauge_lag_s``) every 2 s
     for up to min(lag, ``budget_s``) while KV stays above the baseline: a lagging gauge comes back,
     a leak does not. Returns the last KV used read."""
@@ -398,7 +217,7 @@ async def _confirm(driver: _Driver, baseline: float, last: float, budget_s: floa
     return last
 
 
-async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float, deadline: float
+async def _leaks(driver: BlackboxDriver, specs: list[RequestSpec], tag: str, tol: float, deadline: float
                  ) -> tuple[bool, float]:
     """Replay ``specs`` (fresh ids) between two confirmed idle points: does KV stay above?
     A replay still running at ``deadline`` (time.monotonic) is cancelled and counts as no."""
@@ -418,7 +237,7 @@ async def _leaks(driver: _Driver, specs: list[RequestSpec], tag: str, tol: float
         return abs(delta) > tol, delta
 
 
-async def _bisect(driver: _Driver, candidates: list[RequestSpec], deadline: float, tol: float, label: str
+async def _bisect(driver: BlackboxDriver, candidates: list[RequestSpec], deadline: float, tol: float, label: str
                   ) -> tuple[list[RequestSpec], list[dict]]:
     """Halve ``candidates`` while one half alone still leaves usage behind (delta debugging)."""
     log = []
@@ -484,7 +303,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     specs = [s for wave in waves for s in wave]
     results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
     out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
-    driver = _Driver(conn, memory, max_concurrency, drain_timeout_s)
+    driver = BlackboxDriver(conn, memory, max_concurrency, drain_timeout_s)
     first = conn.state()
     unit, tol = first.unit, (1e-6 if first.unit == "fraction" else 0.0)
     sampler = Sampler(source, memory, sample_interval_s).start()
@@ -563,3 +382,66 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
                           list(getattr(memory, "last_tree", [])), notes)
+
+
+class BlackboxTarget:
+    """Any OpenAI-compatible server behind ``conn``, read only through its ``/metrics`` and its
+    process memory: the ``LeakCheckTarget`` around ``run_blackbox``, then the zombie check
+    (``zombie_blackbox.py``) when the replay reached a verdict.
+
+    Args:
+        conn: the server (``connection.connect``).
+        url: the URL the user gave (default ``conn.base``): a local one lets the process be found.
+        drain_timeout_s: how long to wait for the server to go idle (else INCONCLUSIVE).
+        bisect_budget_s: seconds for bisecting the leaking requests.
+        server_pid: the server's root process (default: the one listening on the port).
+        zombie_max_tokens: max_tokens of the zombie check's early leavers (0: no zombie check).
+    """
+
+    kind = "blackbox"
+    interruptible = None
+
+    def __init__(self, conn: Connection, *, url: str | None = None, drain_timeout_s: float = 60.0,
+                 bisect_budget_s: float = 60.0, server_pid: int | None = None, zombie_max_tokens: int = 0) -> None:
+        self.conn, self.url = conn, url
+        self.drain_timeout_s, self.bisect_budget_s = drain_timeout_s, bisect_budget_s
+        self.server_pid, self.zombie_max_tokens = server_pid, zombie_max_tokens
+
+    def describe(self) -> str:
+        return f"{self.conn.adapter.kind} at {self.conn.base}"
+
+    def waves(self, plan: TargetPlan) -> list[list[RequestSpec]]:
+        """The plan's specs in waves: a trace's as written (``plan.idle_every`` each, default an
+        eighth of the trace), else ``design_waves`` (``plan.idle_every`` each, default 10 waves)."""
+        specs, every = plan.specs, plan.idle_every
+        if plan.trace:
+            return split_waves(specs, every if every is not None else max(1, -(-len(specs) // 8)))
+        num_waves = -(-len(specs) // every) if every else min(10, len(specs))
+        kinds = ABORT_KINDS if plan.abort_mode == "mix" else (plan.abort_mode,)
+        return design_waves(specs, num_waves, plan.seed, plan.abort_rate, kinds)
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """Replay the plan in waves (``run_blackbox``), then the zombie check. ``stop`` is not
+        watched: a black-box run has no partial verdict.
+
+        Raises:
+            TargetError: ``/metrics`` cannot be read any more.
+        """
+        waves, n = self.waves(plan), len(plan.specs)
+        first = self.conn.state()
+        pool = f", pool {first.kv_total:g} {first.unit}" if first.kv_total else ""
+        bs = f", block_size {first.block_size} tokens" if first.block_size else ""
+        plan.on_line(f"leak-check (black-box): {n} request{'s' if n != 1 else ''} in {len(waves)} "
+                     f"wave{'s' if len(waves) != 1 else ''} against {self.describe()}{bs}{pool}")
+        info = dict(plan.info, idle_every=len(waves[0]) if waves else 0)
+        res = run_blackbox(self.conn, waves, max_concurrency=plan.max_concurrency,
+                           drain_timeout_s=self.drain_timeout_s, bisect_budget_s=self.bisect_budget_s,
+                           sample_interval_s=plan.sample_interval_s, server_pid=self.server_pid, url=self.url,
+                           seed=plan.seed, info=info)
+        if self.zombie_max_tokens and res.verdict != "INCONCLUSIVE":
+            plan.on_line(f"zombie check: one early-leaving request per client action, max_tokens "
+                         f"{self.zombie_max_tokens}")
+            threshold_s = (plan.zombie_options or {}).get("threshold_s", 1.0)
+            apply_to(res, zombie_check_blackbox(self.conn, max_tokens=self.zombie_max_tokens, threshold_s=threshold_s,
+                                                drain_timeout_s=self.drain_timeout_s))
+        return res.as_target_run(self.kind)

@@ -20,12 +20,14 @@ but do not parse are counted and reported, never fatal.
 from __future__ import annotations
 
 import re
+import threading
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
 from vlite.diagnostics.checks.detect import trough_trend
+from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.blackbox import BlackboxResult
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult
 
@@ -38,7 +40,7 @@ _TIMES = ((re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"), No
           (re.compile(r"\b\d{2}-\d{2} \d{2}:\d{2}:\d{2}\b"), "%m-%d %H:%M:%S"))
 
 
-class LogError(ValueError):
+class LogError(TargetError, ValueError):
     """The log cannot be read or holds no stats line (the message says what was looked for)."""
 
 
@@ -170,3 +172,28 @@ def analyze_log(path: Path) -> BlackboxResult:
     return BlackboxResult(verdict, summary, "+".join(kinds), unit, None, total, 0.0,
                           stretches[-1]["min_used"] if stretches else None, [trend], samples, replay, info,
                           notes=notes, source="log")
+
+
+class LogTarget:
+    """A server's stats log, read after the fact: the ``LeakCheckTarget`` around ``analyze_log``
+    (the plan's workload is not used: the log says what the server ran)."""
+
+    kind = "log"
+    interruptible = None
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def describe(self) -> str:
+        return f"the stats log {self.path}"
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """``analyze_log``, then one line with what was read.
+
+        Raises:
+            LogError: the file cannot be read, or no line in it is a stats line.
+        """
+        res = analyze_log(self.path)
+        plan.on_line(f"leak-check --from-log {self.path}: {res.info['stats_lines']} stats lines "
+                     f"({res.info['unparsable_lines']} unparsable, {res.info['other_lines']} other lines)")
+        return res.as_target_run(self.kind)

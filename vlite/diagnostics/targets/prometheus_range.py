@@ -15,14 +15,17 @@ one series per label set, values as ``[unix_time, "string"]`` pairs aligned on `
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 
 import httpx
 
 from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError, detect_kind
+from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
+from vlite.diagnostics.targets.connection import IDLE_SCRAPES
 from vlite.diagnostics.targets.prom import MetricsPage, Sample
-from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, IDLE_SCRAPES, Watcher, WatchResult
+from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Watcher, WatchResult
 
 MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
 _EXTRA = ("http_requests_total", "http_request_duration_highr_seconds_count", "process_resident_memory_bytes")
@@ -30,7 +33,7 @@ _SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(TargetError):
     """The Prometheus API cannot be reached, refused the query, or holds nothing for the job."""
 
 
@@ -182,3 +185,53 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
             "end": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)), "since_s": since_s, "step_s": step,
             "steps": len(pages), "series_queried": len(query_names), "kv_total": first.kv_total if first else None}
     return w.result(info)
+
+
+class PrometheusTarget:
+    """A range of a server's metrics that a Prometheus server holds: the ``LeakCheckTarget``
+    around ``judge_range`` (no request is sent, to Prometheus's API or to the inference server).
+
+    Args:
+        prometheus: the Prometheus server's URL.
+        job: the scrape job of the inference server.
+        since: how far back, e.g. ``90s``, ``30m``, ``6h`` (``parse_since``).
+        instance: the job's instance (required when it has several).
+        server_kind: the adapter, or "auto" (from the series).
+        step_s: the query step (None: 15 s, or coarser for a long range).
+        stuck_after_s: the ``running-stuck`` window, seconds.
+        end: the range's end (``time.time()`` seconds; default: now).
+        client: the ``httpx.Client`` for Prometheus's API (tests pass one bound to a fake).
+
+    Raises:
+        ValueError: no ``job``, or ``since`` is not a duration (the message says what is allowed).
+    """
+
+    kind = "prometheus"
+    interruptible = None
+
+    def __init__(self, prometheus: str, job: str | None, since: str, *, instance: str | None = None,
+                 server_kind: str = "auto", step_s: float | None = None,
+                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, end: float | None = None,
+                 client: httpx.Client | None = None) -> None:
+        if not job:
+            raise ValueError("--prometheus needs --job NAME (the job_name of the scrape config that scrapes the "
+                             "server)")
+        self.prometheus, self.job, self.since = prometheus, job, since
+        self.since_s = parse_since(since)
+        self.instance, self.server_kind, self.step_s, self.stuck_after_s = instance, server_kind, step_s, stuck_after_s
+        self.end, self.client = end, client
+
+    def describe(self) -> str:
+        return f"{self.prometheus}: job {self.job}, the last {self.since}"
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """Query the range and judge it (``judge_range``); idle points and alerts go to ``plan.on_line``.
+
+        Raises:
+            PrometheusError: Prometheus unreachable or refusing, or nothing of the job to judge.
+        """
+        plan.on_line(f"leak-check --prometheus {self.describe()}")
+        res = judge_range(self.prometheus, self.job, self.since_s, step_s=self.step_s, instance=self.instance,
+                          end=self.end, server_kind=self.server_kind, stuck_after_s=self.stuck_after_s,
+                          on_line=plan.on_line, client=self.client)
+        return res.as_target_run(self.kind)

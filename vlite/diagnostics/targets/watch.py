@@ -35,6 +35,7 @@ than two idle points, or no KV gauge and nothing else flagged).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,12 +44,12 @@ import pandas as pd
 
 from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, MIN_POINTS, plateau_test
 from vlite.diagnostics.targets.adapters import MetricsReading
+from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
+from vlite.diagnostics.targets.connection import IDLE_SCRAPES, Connection
 
-EXIT_CODES = {"CLEAN": 0, "LEAK": 1, "ZOMBIE": 1, "HOST-LEAK": 1, "INCONCLUSIVE": 3}
 # "uncounted" is an alert without a verdict: vLLM 0.32 never counts client aborts in
 # request_success_total (measured: tests/interop/vllm_zombie.sh), so on vLLM it is the normal case.
 FLAG_VERDICT = {"kv-held": "LEAK", "running-stuck": "ZOMBIE", "uncounted": None, "host-memory": "HOST-LEAK"}
-IDLE_SCRAPES = 3
 DEFAULT_STUCK_AFTER_S = 300.0
 
 
@@ -91,7 +92,11 @@ class WatchResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return exit_code(self.verdict)
+
+    def as_target_run(self, kind: str) -> TargetRun:
+        """This result as the ``TargetRun`` of a target of ``kind`` ("watch" or "prometheus")."""
+        return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes)
 
 
 def _served(r: MetricsReading) -> float | None:
@@ -322,7 +327,7 @@ def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stu
           on_report: Callable[[WatchResult], None] | None = None, on_line: Callable[[str], None] = print, server_pid: int | None = None,
           sleep: Callable[[float], None] | None = None, clock: Callable[[], float] = time.time,
           info: dict | None = None, stop=None) -> WatchResult:
-    """Scrape ``conn`` (a ``blackbox.Connection``) every ``interval_s`` until ``duration_s`` (None:
+    """Scrape ``conn`` (a ``connection.Connection``) every ``interval_s`` until ``duration_s`` (None:
     until KeyboardInterrupt, Ctrl-C), judging as it goes; sends no request but ``GET /metrics``
     (and the adapter's JSON pages). ``on_report`` (the report writer,
     ``report/watch_report.write_watch_report``) gets the current result at each idle point and at
@@ -376,3 +381,39 @@ def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stu
     if on_report is not None:
         on_report(res)
     return res
+
+
+class WatchTarget:
+    """A running server watched without sending a request: the ``LeakCheckTarget`` around ``watch``.
+
+    Args:
+        conn: the server (``connection.connect``).
+        interval_s: seconds between scrapes.
+        duration_s: stop after this many seconds (None: at the first Ctrl-C, ``stop``).
+        stuck_after_s: the ``running-stuck`` window, seconds.
+        server_pid: the server's root process (default: the one listening on the port).
+    """
+
+    kind = "watch"
+    interruptible = "the watch"
+
+    def __init__(self, conn: Connection, *, interval_s: float = 1.0, duration_s: float | None = None,
+                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, server_pid: int | None = None) -> None:
+        self.conn, self.interval_s, self.duration_s = conn, interval_s, duration_s
+        self.stuck_after_s, self.server_pid = stuck_after_s, server_pid
+
+    def describe(self) -> str:
+        return f"{self.conn.adapter.kind} at {self.conn.base}"
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """Scrape until ``duration_s`` or ``stop``; idle points and alerts go to ``plan.on_line``,
+        the run so far to ``plan.on_report`` at each idle point and at the end."""
+        until = f"for {self.duration_s:g} s" if self.duration_s else "until Ctrl-C"
+        plan.on_line(f"leak-check --watch: {self.describe()}, scraping every {self.interval_s:g} s {until}; "
+                     "no request is sent; Ctrl-C stops and writes the report")
+        report = plan.on_report
+        res = watch(self.conn, interval_s=self.interval_s, duration_s=self.duration_s,
+                    stuck_after_s=self.stuck_after_s,
+                    on_report=(lambda r: report(r.as_target_run(self.kind))) if report is not None else None,
+                    on_line=plan.on_line, server_pid=self.server_pid, info=plan.info, stop=stop)
+        return res.as_target_run(self.kind)

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import httpx
 
 from vlite.diagnostics.targets.adapters import NO_ABORT_COUNTER, MetricsReading
-from vlite.diagnostics.targets.http import send_request
+from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
+from vlite.diagnostics.targets.openai_client import send_request
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
@@ -183,7 +184,7 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
     """Send early-leaving requests one at a time and measure what the server does after each client left.
 
     Args:
-        conn: a ``blackbox.Connection``.
+        conn: a ``connection.Connection``.
         kinds: ``ZOMBIE_ACTIONS`` keys to try. repeats: requests per kind.
         max_tokens: the early leavers' max_tokens (long, so that a zombie outlives its client).
         threshold_tokens / threshold_s: a request is a ZOMBIE when the server generated more than
@@ -204,9 +205,7 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
     for k in kinds:
         if k not in ZOMBIE_ACTIONS:
             raise ValueError(f"unknown zombie client action {k!r}; known: {', '.join(ZOMBIE_ACTIONS)}")
-    from vlite.diagnostics.targets.blackbox import NullProbe, _Driver
-
-    driver = _Driver(conn, NullProbe(), 1, drain_timeout_s)
+    driver = BlackboxDriver(conn, NullProbe(), 1, drain_timeout_s)
     rows: list[dict] = []
     notes: list[str] = []
     limit = _max_model_len(conn)

@@ -1,0 +1,86 @@
+"""``vlite leak-check`` runs every target the same way: through the ``LeakCheckTarget`` interface
+(``vlite/diagnostics/targets/base.py``), then prints and writes the report of the ``TargetRun``
+(``vlite/diagnostics/report/target_report.py``). ``leak_check.py`` builds the target from the options.
+
+Exit codes: 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK, 2 usage error or a target that cannot be reached
+or read (one line on stderr), 3 INCONCLUSIVE, 130 INTERRUPTED.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from vlite.cli import common
+from vlite.cli.interrupt import graceful_interrupt
+
+
+def connect_or_fail(url: str, server_kind: str, api_key: str | None):
+    """Connect to ``url`` and detect its kind; a one-line error and exit 2 when that fails."""
+    from vlite.diagnostics.targets.base import TargetError
+    from vlite.diagnostics.targets.connection import connect
+
+    try:
+        return connect(url, server_kind, api_key)
+    except TargetError as exc:
+        common.fail(str(exc))
+
+
+def print_line(console: Console):
+    """A progress-line printer for ``TargetPlan.on_line``: as is, an ``ALERT`` line in bold red."""
+    def out(line: str) -> None:
+        style = "bold red" if line.startswith("ALERT") else None
+        console.print(f"[{style}]{escape(line)}[/]" if style else escape(line), highlight=False)
+    return out
+
+
+def run_target(target, plan, console: Console, report: Path | None, t_start: float | None = None) -> int:
+    """Run ``plan`` on ``target`` (a ``LeakCheckTarget``), print and write its report; returns the
+    exit code. Progress lines go to ``console``; a watch rewrites ``report`` at each idle point. A
+    target that honours ``stop`` runs inside ``graceful_interrupt``: the first Ctrl-C ends the run
+    and its report is still written. ``t_start`` (``time.time()`` at the command's start) adds
+    ``total_s`` to the run facts. A target that cannot be reached or read: one line, exit 2.
+    """
+    from vlite.diagnostics.report.target_report import write_run_report
+    from vlite.diagnostics.targets.base import TargetError
+
+    plan.on_line = print_line(console)
+    if report is not None:
+        plan.on_report = lambda run: write_run_report(run, report)
+    with graceful_interrupt(target.interruptible) if target.interruptible else nullcontext() as stop:
+        try:
+            run = target.run(plan, stop=stop)
+        except TargetError as exc:
+            common.fail(str(exc))
+        if t_start is not None:
+            run.info["total_s"] = round(time.time() - t_start, 2)
+        return finish(run, console, report)
+
+
+def finish(run, console: Console, report: Path | None) -> int:
+    """Print the run's report, write its directory (a one-line error and exit 2 when that fails),
+    print the verdict again, last, where a scrolled terminal shows it; returns the exit code."""
+    from vlite.diagnostics.report.target_report import print_run, print_run_verdict, write_run_report
+
+    print_run(run, console, timing=_timing(run))
+    if report is not None:
+        try:
+            files = write_run_report(run, report)
+        except OSError as exc:
+            common.fail(f"cannot write the report to {report}: {exc}")
+        console.print(f"report written to {report}/ ({files})", highlight=False)
+    print_run_verdict(run, console, prefix="verdict: ")
+    return run.exit_code
+
+
+def _timing(run) -> str | None:
+    """Requests, seconds and samples of a run that sent requests; None for one that sent none."""
+    if run.replay is None or "replay_s" not in run.info:
+        return None
+    whole = "in all" if run.kind == "blackbox" else "with engine start-up: model load, kernel build"
+    return (f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(run.info['replay_s'])} "
+            f"({common.seconds(run.info.get('total_s'))} {whole}); {common.plural(len(run.samples), 'sample')}")

@@ -1,0 +1,167 @@
+"""The one interface every leak-check target implements.
+
+A target is where a leak check runs and what it reads: an engine in this process
+(``inprocess.InProcessTarget``), a running ``vlite serve`` over HTTP (``http.HttpTarget``), any
+OpenAI-compatible server as a black box (``blackbox.BlackboxTarget``), a server watched without
+sending a request (``watch.WatchTarget``), a range a Prometheus server holds
+(``prometheus_range.PrometheusTarget``), or a server's stats log after the fact
+(``from_log.LogTarget``). ``vlite leak-check`` builds one from its options and calls only this
+interface: ``target.run(plan, stop=...)`` returns a ``TargetRun``, whose report the CLI prints and
+writes the same way for every target (``report/target_report.py``).
+
+Each target class wraps its module's entry function (``run_in_process``, ``run_http``,
+``run_blackbox``, ``watch``, ``judge_range``, ``analyze_log``), which keeps its own signature and
+result type (``RunResult``, ``BlackboxResult``, ``WatchResult``); ``TargetRun.result`` holds that
+result for the report that reads it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # types only: importing the checks loads torch, and the CLI imports this module early
+    import pandas as pd
+
+    from vlite.diagnostics.checks.result import RunResult
+    from vlite.diagnostics.workload.replay import ReplayResult
+    from vlite.diagnostics.workload.sources import RequestSpec
+
+# Exit codes by verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT); every other
+# verdict (LEAK, ZOMBIE, HOST-LEAK) 1.
+EXIT_CODES = {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
+
+
+def exit_code(verdict: str) -> int:
+    """The exit code of a verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT), else 1."""
+    return EXIT_CODES.get(verdict, 1)
+
+
+class TargetError(RuntimeError):
+    """The target cannot be reached or read (the message is one line: what was wrong)."""
+
+
+def default_wave(num_specs: int, idle_every: int | None) -> int:
+    """Requests per wave (between two idle points): ``idle_every`` when given, else a fifth of the
+    run but at least 16 (or all): enough troughs for the trend, few enough drains to keep batches full."""
+    if idle_every is not None:
+        return idle_every
+    return max(1, num_specs // 5, min(num_specs, 16))
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+@dataclass
+class TargetPlan:
+    """What a run sends and how it samples; each target reads the fields it needs.
+
+    Attributes:
+        specs: the requests to replay (none for the passive targets: watch, Prometheus, log).
+        max_concurrency: the most requests in flight.
+        idle_every: requests per wave, each followed by an idle point (0: one wave; None: the
+            target's default, ``default_wave`` for the in-process and vlite-serve targets).
+        sample_interval_s: the sampler's period, seconds.
+        seed, abort_rate, abort_mode: the workload's seed and client-action mix (the black-box
+            target redraws the actions of its waves from them).
+        trace: the specs come from a JSONL trace: the black-box target replays their actions as
+            written.
+        zombie_options: ``checks/zombie.py`` thresholds (``threshold_s``, ``threshold_steps``).
+        info: run facts to add to the report's ``run`` table (workload options).
+        on_line: called with each progress line (what the run does, watch idle points, alerts).
+        on_report: called with the run so far at each checkpoint (a watch's idle points), so that
+            a report directory stays current while the run goes on.
+    """
+
+    specs: list[RequestSpec] = field(default_factory=list)
+    max_concurrency: int = 32
+    idle_every: int | None = None
+    sample_interval_s: float = 0.1
+    seed: int = 0
+    abort_rate: float = 0.0
+    abort_mode: str = "mix"
+    trace: bool = False
+    zombie_options: dict | None = None
+    info: dict = field(default_factory=dict)
+    on_line: Callable[[str], None] = _silent
+    on_report: Callable[[TargetRun], None] | None = None
+
+    def wave_size(self) -> int:
+        """Requests per wave for this plan's specs (``default_wave``)."""
+        return default_wave(len(self.specs), self.idle_every)
+
+    def replay_options(self) -> dict:
+        """The keyword arguments of ``run_in_process`` and ``run_http`` besides the specs and ``stop``."""
+        return {"max_concurrency": self.max_concurrency, "idle_every": self.wave_size(),
+                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options}
+
+
+@dataclass
+class TargetRun:
+    """A finished (or stopped) run of any target, with what every target can give.
+
+    Attributes:
+        kind: the target's kind (``LeakCheckTarget.kind``).
+        verdict: CLEAN, LEAK, ZOMBIE, HOST-LEAK, INCONCLUSIVE or INTERRUPTED.
+        summary: the one-line verdict ("LEAK: 12 blocks held by ...").
+        result: the target's own result, which its report reads: a ``RunResult`` (in-process,
+            vlite serve), a ``blackbox.BlackboxResult`` (black box, log) or a
+            ``watch.WatchResult`` (watch, Prometheus).
+        samples: the samples taken while it ran (one row per sample; possibly empty).
+        info: run facts (the report's ``run`` table); the same dict as the result's.
+        notes: lines the report adds under "notes"; the same list as the result's.
+        replay: the client's requests and idle points; None where no client ran (watch, Prometheus).
+        interrupted: what a first Ctrl-C stopped, in words; None for a run that went to its end.
+    """
+
+    kind: str
+    verdict: str
+    summary: str
+    result: Any
+    samples: pd.DataFrame
+    info: dict
+    notes: list[str]
+    replay: ReplayResult | None = None
+    interrupted: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The command's exit code for this run's verdict (``exit_code``)."""
+        return exit_code(self.verdict)
+
+    @classmethod
+    def of_run_result(cls, kind: str, run: RunResult) -> TargetRun:
+        """The ``TargetRun`` of a ``RunResult`` (the in-process and vlite-serve targets)."""
+        f = run.findings
+        return cls(kind, f.verdict, f.summary(), run, run.samples, run.info, f.notes, run.replay, f.interrupted)
+
+
+@runtime_checkable
+class LeakCheckTarget(Protocol):
+    """Where a leak check runs and what it reads; ``vlite leak-check`` drives every target through this.
+
+    Attributes:
+        kind: "in-process", "vlite-serve", "blackbox", "watch", "prometheus" or "log".
+        interruptible: the words for what a first Ctrl-C stops ("the replay", "the watch") when
+            ``run`` honours ``stop`` (it then ends early and still reports); None when it does not
+            (a first Ctrl-C ends the command as usual).
+    """
+
+    kind: str
+    interruptible: str | None
+
+    def describe(self) -> str:
+        """One line: what is checked, and where (e.g. "vllm at http://127.0.0.1:8000")."""
+        ...
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """Run ``plan`` against the target and judge it. ``stop`` (set by a first Ctrl-C): end
+        early, drain, and return what was measured.
+
+        Raises:
+            TargetError: the target cannot be reached or read.
+        """
+        ...
