@@ -1,6 +1,8 @@
-"""`vlite serve` runs the request-id census in its serving loop at idle points and exports it in
-/metrics (vlite:ended_requests_held); `leak-check --url` without debug endpoints finds a map nobody
-registered that keeps ended requests, in the thread and in the engine-core-process layouts."""
+"""`vlite serve` runs the request-id census at idle points in both of its processes (the serving
+loop's over the engine, the API server's over its own objects) and exports both in /metrics
+(vlite:ended_requests_held, `engine.<path>` / `api_server.<path>`); `leak-check --url` without debug
+endpoints finds a map nobody registered that keeps ended requests, in the engine and in the API
+server, in the thread and in the engine-core-process layouts."""
 
 from __future__ import annotations
 
@@ -31,7 +33,26 @@ def _keep_finished(self, req):  # planted: every finished request's output kept 
 
 
 _op.OutputProcessor.make_output = _keep_finished
+
+import sys
+
+if sys.argv[1:2] == ["serve"]:  # the API server's process (the engine core is spawned with other argv)
+    import vlite.entrypoints.serving as _serving
+    import vlite.entrypoints.serving_completion as _sc
+
+    _sc._SEEN_REQUEST_IDS = {}  # planted: each HTTP request's id, kept at module level, never emptied
+    _serve = _serving.OpenAIServing.serve
+
+    async def _keep_ids(self):
+        _sc._SEEN_REQUEST_IDS[self.request.state.request_id] = True
+        return await _serve(self)
+
+    _serving.OpenAIServing.serve = _keep_ids
 '''
+ENGINE_MAP = "engine.output_processor.holdback_by_request"
+API_MAP = "api_server.vlite.entrypoints.serving_completion._SEEN_REQUEST_IDS"
+LAYOUTS = pytest.mark.parametrize("layout", [("--disable-frontend-multiprocessing",), ()],
+                                  ids=["thread", "engine-core-process"])
 
 
 def _free_port() -> int:
@@ -81,25 +102,35 @@ def _specs():
     return synthetic_workload(8, input_len=(8, 20), output_len=(4, 8), abort_rate=0.25, abort_mode="mix", seed=2)
 
 
-@pytest.mark.parametrize("layout", [(), ("--frontend-multiprocessing",)], ids=["thread", "engine-core-process"])
-def test_a_planted_map_of_ended_requests_is_found_through_metrics_alone(serve, layout):
+@LAYOUTS
+def test_maps_planted_in_both_processes_are_found_through_metrics_alone(serve, layout):
     url = serve(*layout, plant=True)
-    run = run_http(url, _specs(), max_concurrency=4, idle_every=4, sample_interval_s=0.05)
+    specs = _specs()
+    run = run_http(url, specs, max_concurrency=4, idle_every=4, sample_interval_s=0.05)
     f = run.findings
     assert f.verdict == "LEAK", f.summary()
     assert f.drain.ok  # the blocks are fine: only the census sees it
     held = {h["path"]: h["num_entries"] for h in f.census["held"]}
-    assert set(held) == {"engine.output_processor.holdback_by_request"}
-    # the requests the engine finished (a client that left at the very end may have been aborted)
+    # each map once, named by its process; nothing else (in one process nothing is walked twice)
+    assert set(held) == {ENGINE_MAP, API_MAP}, held
+    # every request its client saw finish, and those the engine finished before their clients left
     finished = sum(1 for r in run.replay.requests if r.outcome == "finished")
-    assert 1 <= held["engine.output_processor.holdback_by_request"] <= finished
-    assert "engine.output_processor.holdback_by_request" in f.summary()
+    assert 1 <= finished <= held[ENGINE_MAP] <= len(specs)
+    # every request whose handler ran, aborted ones too (a client may leave before its body is read)
+    assert finished <= held[API_MAP] <= len(specs)
+    assert ENGINE_MAP in f.summary() and API_MAP in f.summary()
 
 
-def test_a_clean_server_exports_an_empty_current_census(serve):
-    url = serve()
+@LAYOUTS
+def test_a_clean_server_exports_an_empty_current_census_of_both_processes(serve, layout):
+    url = serve(*layout, "--enable-debug-endpoints")
     run = run_http(url, _specs(), max_concurrency=4, idle_every=4, sample_interval_s=0.05)
     assert run.findings.verdict == "CLEAN", run.findings.summary()
     assert run.findings.census["held"] == []
     page = httpx.get(f"{url}/metrics").text
     assert 'vlite:census_pending_requests{model_name=' in page and "vlite:ended_requests_held" in page
+    doc = httpx.get(f"{url}/debug/census").json()
+    for side in ("engine", "api_server"):  # both ran after the last request and found nothing
+        assert doc[side]["process"] == side and doc[side]["taken_at"] is not None, doc
+        assert doc[side]["held"] == [] and doc[side]["pending"] == 0, doc
+    assert (doc["engine"]["pid"] == doc["api_server"]["pid"]) == bool(layout)

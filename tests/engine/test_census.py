@@ -176,3 +176,16 @@ def _restore(engine, saved):
                           s.structured_output.matchers), saved):
         live.clear()
         (getattr(live, "extend", None) or live.update)(old)
+
+
+def test_the_walk_does_not_grow_with_the_block_pool(tiny_checkpoint):
+    # the pool's blocks and free queue hold ints only; entering them cost one visit per block
+    # (131,072 blocks, 1.2 s per idle point, on the tiny model's default pool)
+    from conftest import make_engine
+
+    from vlite.engine import EngineView
+
+    small = EngineView(make_engine(tiny_checkpoint, num_blocks=16)).request_census(set())
+    large = EngineView(make_engine(tiny_checkpoint, num_blocks=4096)).request_census(set())
+    assert large.objects_visited == small.objects_visited
+    assert not large.truncated

@@ -11,6 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vlite.engine.arg_utils import EngineArgs
+from vlite.engine.census import (
+    API_SERVER_MODULES,
+    CENSUS_INTERVAL_S,
+    ENDED_HISTORY,
+    CensusResult,
+    module_roots,
+    request_census,
+)
 from vlite.engine.config import (
     DEFAULT_MODEL,
     DISTRIBUTED_EXECUTOR_BACKENDS,
@@ -92,15 +100,19 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "API_SERVER_MODULES",
     "ASYNC_REGISTRIES",
     "AsyncEngineClient",
     "AsyncLLMEngine",
     "BlockStats",
+    "CENSUS_INTERVAL_S",
     "CacheConfig",
+    "CensusResult",
     "CompletionOutput",
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_ALIASES",
     "DISTRIBUTED_EXECUTOR_BACKENDS",
+    "ENDED_HISTORY",
     "EngineArgs",
     "EngineClient",
     "EngineConfig",
@@ -137,6 +149,8 @@ __all__ = [
     "SequenceStatus",
     "check_engine_config",
     "derive_max_model_len",
+    "module_roots",
+    "request_census",
     "StructuredOutputsParams",
     "blocks_document",
     "view_dict",

@@ -13,8 +13,9 @@ permanent generation are missing from ``gc.get_objects()`` and from tracemalloc'
 (that is how vLLM's ``new_block_ids`` list, vllm#44175, hid for months); references reach them.
 
 Bounded histories kept on purpose (the finished-request records kept for attribution, the
-release history) are passed in ``skip`` and not entered. Tensors, modules, classes and functions
-are not entered either: a per-request tensor is found through the map that keys it.
+release history) are passed in ``skip`` and not entered. Tensors, modules, classes, functions and
+pydantic's own objects (type adapters, compiled validators and serializers) are not entered either: a per-request tensor
+is found through the map that keys it, and a compiled schema is fixed when its class is built.
 
 Cost: one visit per reachable object; about 5-40 ms for a SmolLM2 engine (see docs/leak-check.md),
 so it runs only at idle points, never inside a step.
@@ -27,6 +28,12 @@ import gc
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+# When a serving process runs its census (``EngineLoop`` in the engine's process, the API server's
+# ``vlite.entrypoints.census``): at idle points, at most this often (s), over at most this many
+# ended request ids (the most recent).
+CENSUS_INTERVAL_S = 1.0
+ENDED_HISTORY = 10_000
 
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -108,9 +115,16 @@ def _request_id_of(obj: object, ended: frozenset[str] | set[str]) -> str | None:
     return rid if isinstance(rid, str) and rid in ended else None
 
 
-def _is_tensor(obj: object) -> bool:
-    mod = type(obj).__module__
-    return mod.startswith("torch") or mod.startswith("numpy")
+# Not entered, by the module of an object's type: tensors and arrays (a per-request one is found
+# through the map that keys it), and pydantic's own objects (type adapters, field infos, the
+# compiled validators and serializers of pydantic-core; their schemas are fixed when a model
+# class is built, and in the API server they were 80% of what the routes hold). A request body
+# (a pydantic model of vlite's own) is entered.
+_NOT_ENTERED_MODULES = ("torch", "numpy", "pydantic_core", "pydantic.")
+
+
+def _not_entered(obj: object) -> bool:
+    return type(obj).__module__.startswith(_NOT_ENTERED_MODULES)
 
 
 def _children(obj: object) -> Iterable[tuple[str, str, object]]:
@@ -198,7 +212,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
                     continue  # the object is itself an ended request's: reported where it is held
                 hits.setdefault(where, (type(obj).__name__, {}))[1].setdefault(kind, []).append(rid)
                 continue
-            if isinstance(child, _ATOMS) or isinstance(child, _OPAQUE) or _is_tensor(child):
+            if isinstance(child, _ATOMS) or isinstance(child, _OPAQUE) or _not_entered(child):
                 continue
             if id(child) in seen:
                 continue
@@ -212,16 +226,29 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
     return CensusResult(tuple(held), visited, truncated, sizes)
 
 
-def module_roots(prefixes: tuple[str, ...] = ("vlite.engine", "vlite.kernels", "vlite.entrypoints")) -> dict[str, object]:
-    """Module-level and class-level containers of the loaded modules under ``prefixes`` (not the
-    leak checker's own), as census
-    roots named by their dotted path (``vlite.engine.worker.sampler._CACHE``): state that no instance
-    holds (a module cache, a class-level registry) is reached too."""
+# Whose module- and class-level containers each census walks (``module_roots``). The engine's
+# census walks vlite's engine, kernels and server modules; the API server's census
+# (``vlite.entrypoints.census``) walks the server's and the serving layer's. With the engine loop
+# in a thread of the API server (one process), the engine's census leaves API_SERVER_MODULES to
+# the API server's, so that no container is walked, or counted, twice.
+ENGINE_MODULES = ("vlite.engine", "vlite.kernels", "vlite.entrypoints")
+API_SERVER_MODULES = ("vlite.entrypoints", "vlite.engine.serving")
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def module_roots(prefixes: tuple[str, ...] = ENGINE_MODULES, exclude: tuple[str, ...] = ()) -> dict[str, object]:
+    """Module-level and class-level containers of the loaded modules under ``prefixes`` and not
+    under ``exclude`` (dotted package names: ``vlite.engine`` covers ``vlite.engine.serving.streams``),
+    as census roots named by their dotted path (``vlite.engine.worker.sampler._CACHE``): state that
+    no instance holds (a module cache, a class-level registry) is reached too."""
     import sys
 
     roots: dict[str, object] = {}
     for name, module in list(sys.modules.items()):
-        if not name.startswith(prefixes) or module is None:
+        if module is None or not _under(name, prefixes) or _under(name, exclude):
             continue
         for attr, value in list(vars(module).items()):
             if isinstance(value, type) and value.__module__ == name:

@@ -296,16 +296,20 @@ class EngineView:
         return max((s.num_output_tokens for s in self._engine.scheduler.requests.get(request_id, ())), default=0)
 
     def request_census(self, ended_request_ids, *, extra_roots: Mapping[str, object] | None = None,
-                       skip: Iterable[object] = (), max_objects: int = 500_000) -> CensusResult:
+                       skip: Iterable[object] = (), max_objects: int = 500_000,
+                       exclude_modules: tuple[str, ...] = ()) -> CensusResult:
         """Every container reachable from the engine (and the async engine serving it, and
         ``extra_roots``, and the module- and class-level containers of vlite's engine, kernels
         and server modules) that still holds an ended request's id, object or sequence id; with
         the size of every container reached (``CensusResult.container_sizes``).
 
         Call it at an idle point: a sequence id that is not live counts as ended. The bounded
-        histories (``HISTORIES``) are not entered. Costs one visit per reachable object (ms;
+        histories (``HISTORIES``) are not entered, nor the block pool's blocks and free queue
+        (ints only, one per block). Costs one visit per reachable object (ms;
         docs/leak-check.md), so never call it inside a step. ``skip``: more objects not to enter
-        (the caller's own bounded record of ended ids). See ``census.request_census``.
+        (the caller's own bounded record of ended ids). ``exclude_modules``: packages whose
+        module-level containers another census walks (``census.API_SERVER_MODULES`` when the API
+        server shares this process). See ``census.request_census``.
         """
         sched = self._engine.scheduler
         bm = sched.kv_cache_manager
@@ -315,10 +319,14 @@ class EngineView:
         if self._loop is not None:
             roots["async_engine"] = self._loop
         roots.update(extra_roots or {})
-        roots.update(module_roots())
+        roots.update(module_roots(exclude=exclude_modules))
+        # Not entered either: the block pool's blocks and free queue, one object or entry per
+        # block and nothing but ints (PhysicalBlock's fixed __slots__): 131,072 blocks (the tiny
+        # model's default pool) made a walk take 1.2 s; per-request block state is in the tables.
         return request_census(roots, ended_request_ids,
                               skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
-                                    bm.ledger._anomalies, *skip],  # anomalies are reported as such
+                                    bm.ledger._anomalies, bm.blocks, bm.free_block_queue,
+                                    *skip],  # anomalies are reported as such
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
     def blocks_not_free(self) -> list[dict]:

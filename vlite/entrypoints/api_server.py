@@ -1,5 +1,9 @@
 """The FastAPI app: OpenAI routes, /tokenize, /detokenize, /health, /version, /metrics, /debug.
 
+Two request-id censuses run at idle points (docs/leak-check.md): the engine loop's and this
+process's own (``vlite.entrypoints.census``, a task on the event loop); /metrics exports both
+(``vlite:ended_requests_held{container}``), /debug/census shows both with their request ids.
+
 The model loads in the background after the socket is bound, so /health answers 503 until
 the engine is ready (and again once shutdown begins). HTTP handlers never touch the engine:
 they go through AsyncLLMEngine (adds, aborts, read-only snapshots on the engine thread) or,
@@ -28,11 +32,13 @@ from vlite.engine import (
     LLMEngine,
     MPAsyncLLMEngine,
 )
+from vlite.entrypoints.census import ApiServerCensus
 from vlite.entrypoints.errors import APIError, install_error_handlers
 from vlite.entrypoints.metrics import ServerMetrics
 from vlite.entrypoints.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
+    InFlightMiddleware,
     ReadinessMiddleware,
     RequestIdMiddleware,
 )
@@ -174,7 +180,9 @@ async def _load(state: ServerState, load_engine: Callable[[], LLMEngine] | None,
             await async_engine.shutdown()
         return
     names = state.settings.served_model_names or (async_engine.model_name,)
-    metrics = ServerMetrics(names[0], lambda: async_engine.latest_stats)
+    census = state.census
+    metrics = ServerMetrics(names[0], lambda: async_engine.latest_stats,
+                            api_census=(lambda: (census.held_counts(), census.pending)) if census else None)
     metrics_box.append(metrics)
     async_engine.start()
     state.model_names = tuple(names)
@@ -206,7 +214,9 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         loader = asyncio.create_task(_load(state, load_engine, on_fatal or (lambda msg: None), core_config))
+        census = asyncio.create_task(state.census.serve())  # waits for idle points (none while loading)
         yield
+        census.cancel()
         state.begin_shutdown()
         if not loader.done():
             loader.cancel()
@@ -218,8 +228,10 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
     app = FastAPI(title="vlite", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi(app, state)
     app.state.server = state
+    state.census = ApiServerCensus(state, app)
     install_error_handlers(app)
     # Added innermost first: the request id wraps everything, so every response echoes it.
+    app.add_middleware(InFlightMiddleware, state=state)
     app.add_middleware(ReadinessMiddleware, state=state)
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_body_bytes)
@@ -299,5 +311,14 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
             if state.metrics is not None:  # server state: per-request latency bookkeeping
                 doc["view"]["registries"]["server.metrics_last_token"] = len(state.metrics._last_token_time)
             return JSONResponse(doc)
+
+        @app.get("/debug/census")
+        async def debug_census() -> JSONResponse:
+            """The last request-id census of each process, ``{"engine": ..., "api_server": ...}``
+            (``EngineLoop.census_document``, ``ApiServerCensus.document``): when it was taken, its
+            cost, the requests ended since, and every container still holding ended requests, by
+            path, with their ids. In-process the two share a pid and walk disjoint objects."""
+            engine_doc = await state.engine.query("census")
+            return JSONResponse({"engine": engine_doc, "api_server": state.census.document()})
 
     return app

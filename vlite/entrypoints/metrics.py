@@ -1,7 +1,8 @@
 """Prometheus metrics for /metrics, with vLLM's names under the ``vlite:`` prefix.
 
 Gauges and engine counters are read at scrape time from the engine loop's latest stats
-snapshot (a custom collector); per-request histograms and the success counter are fed by
+snapshot (a custom collector), the request-id census gauges from both censuses (the engine
+loop's, in its stats, and the API server's own, ``vlite.entrypoints.census``); per-request histograms and the success counter are fed by
 ``observe`` with every RequestOutput, on the engine thread. Each app has its own
 CollectorRegistry, so two servers in one process (tests) never share series. Every series
 carries a ``model_name`` label, as vLLM's do. Histogram buckets are vLLM's.
@@ -37,12 +38,17 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 disable_created_metrics()  # no *_created series, as vLLM
 
 
-class _EngineStatsCollector(Collector):
-    """Reads the engine's stats snapshot at every scrape."""
+CensusCounts = tuple[dict[str, int], int]  # container path -> ended requests held; requests ended since
 
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+
+class _EngineStatsCollector(Collector):
+    """Reads the engine's stats snapshot (and the API server's census counts) at every scrape."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None],
+                 api_census: Callable[[], CensusCounts] | None = None) -> None:
         self.model_name = model_name
         self.stats = stats
+        self.api_census = api_census
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
@@ -76,15 +82,25 @@ class _EngineStatsCollector(Collector):
             c.add_metric([self.model_name], value)
             yield c
         yield from _coverage_families(self.model_name, s.coverage)
-        # the serving loop's request-id census at its last idle point (docs/leak-check.md)
+        yield from self._census_families(s)
+
+    def _census_families(self, s: EngineStats) -> Iterator[Metric]:
+        """The request-id censuses at their last idle points (docs/leak-check.md): the engine
+        loop's (paths as ``engine.<path>``) and the API server process's (``api_server.<path>``;
+        the two walk disjoint objects, so a container is counted once); pending is their sum."""
+        held, pending = dict(s.ended_requests_held or {}), s.census_pending
+        if self.api_census is not None:
+            api_held, api_pending = self.api_census()
+            held.update(api_held)
+            pending += api_pending
         g = GaugeMetricFamily("vlite:ended_requests_held", "Ended requests still held at the last idle point, "
                               "by container (request-id census).", labels=["model_name", "container"])
-        for path, count in sorted((s.ended_requests_held or {}).items()):
+        for path, count in sorted(held.items()):
             g.add_metric([self.model_name, path], count)
         yield g
         g = GaugeMetricFamily("vlite:census_pending_requests", "Requests ended since the last request-id "
                               "census (0: vlite:ended_requests_held is current).", labels=["model_name"])
-        g.add_metric([self.model_name], s.census_pending)
+        g.add_metric([self.model_name], pending)
         yield g
 
 
@@ -131,12 +147,15 @@ class ServerMetrics:
     Args:
         model_name: the ``model_name`` label.
         stats: returns the latest EngineStats (None while the model loads).
+        api_census: returns the API server census's counts (container path -> ended requests
+            held, requests ended since), added to the engine's in the census gauges; None: none.
     """
 
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None],
+                 api_census: Callable[[], CensusCounts] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
-        self.registry.register(_EngineStatsCollector(model_name, stats))
+        self.registry.register(_EngineStatsCollector(model_name, stats, api_census))
         # process_resident_memory_bytes, process_cpu_seconds_total, ...: the API server process,
         # as on vLLM's /metrics (prometheus_client's default registry has them; ours is per app)
         ProcessCollector(registry=self.registry)

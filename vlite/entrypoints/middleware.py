@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request id, body size limit (413), API key (401), readiness (503).
+"""Pure ASGI middleware: request id, body size limit (413), API key (401), readiness (503), and
+the count of HTTP requests in flight (the API server's census runs only when it is 0).
 
 Pure ASGI rather than ``BaseHTTPMiddleware`` so that streaming responses and client
 disconnects pass through untouched (the disconnect is what aborts a request).
@@ -150,3 +151,25 @@ class ReadinessMiddleware:
                     "failed": "the model failed to load; see the server log"}
         await send_error(send, 503, messages.get(self.state.status, "the server is not ready"),
                          code="service_unavailable", headers={"Retry-After": "1"})
+
+
+class InFlightMiddleware:
+    """Count the HTTP requests being served (``ServerState.requests_in_flight``), a streamed
+    response until its last byte; the observers' routes (``OBSERVER_PATHS``, ``/debug/*``), which
+    hold no request of their own, are not counted, so a scraper never delays the census."""
+
+    OBSERVER_PATHS = frozenset({"/metrics", "/health", "/version"})
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.OBSERVER_PATHS or path.startswith("/debug/"):
+            return await self.app(scope, receive, send)
+        self.state.requests_in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.requests_in_flight -= 1

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from vlite.engine import AsyncLLMEngine, MPAsyncLLMEngine
+    from vlite.entrypoints.census import ApiServerCensus
     from vlite.entrypoints.metrics import ServerMetrics
 
 Status = Literal["loading", "ready", "shutting_down", "failed"]
@@ -38,7 +39,12 @@ class ServerSettings:
 
 @dataclass
 class ServerState:
-    """Shared by the routes and middleware; ``engine`` is set once the model is loaded."""
+    """Shared by the routes and middleware; ``engine`` is set once the model is loaded.
+
+    requests_in_flight: HTTP requests being served now, the observers' (/metrics, /health,
+    /version, /debug/*) not counted (``middleware.InFlightMiddleware``); census: this process's
+    request-id census (``vlite.entrypoints.census``), run at its idle points.
+    """
 
     settings: ServerSettings
     status: Status = "loading"
@@ -49,6 +55,8 @@ class ServerState:
     max_model_len: int | None = None
     load_error: str | None = None
     max_prompt_chars: int | None = None  # set on first use (vlite.entrypoints.serving.max_prompt_chars)
+    requests_in_flight: int = 0
+    census: ApiServerCensus | None = None
     _tokenizer_pool: ThreadPoolExecutor | None = None
 
     def tokenizer_pool(self) -> ThreadPoolExecutor:

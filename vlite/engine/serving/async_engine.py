@@ -11,6 +11,10 @@ engine loop as commands through the core client (``core_client.InprocClient`` or
 If the engine loop ends unexpectedly (the core process died, or a tensor-parallel rank
 failed), every request in flight gets a RuntimeError, new requests get EngineNotRunningError,
 and ``on_death(message)`` is called on the event loop (``vlite serve`` exits non-zero).
+
+The client keeps the ids of the last ``ENDED_HISTORY`` requests that ended in its view (a final
+output, an error, a refused add, the loop's end): what the API server's request-id census
+(``vlite.entrypoints.census``) looks for in this process at its idle points.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
+from vlite.engine.census import ENDED_HISTORY
 from vlite.engine.config import EngineConfig
 from vlite.engine.core.structured_output import StructuredOutputManager
 from vlite.engine.metrics import EngineStats
@@ -49,6 +55,9 @@ class _AsyncClient:
         self._pending: dict[int, asyncio.Future] = {}  # add and query ids -> their futures
         self._adding: dict[int, RequestStreamGroup] = {}  # add id -> the group it adds
         self._ids = itertools.count()
+        # ids of requests that ended in this client's view (bounded): the API server's census looks for them
+        self.ended: deque[str] = deque(maxlen=ENDED_HISTORY)
+        self.num_ended = 0  # requests ended since start (the census's pending count is a difference)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self._stopping = False
@@ -71,6 +80,20 @@ class _AsyncClient:
     @property
     def is_running(self) -> bool:
         return self._loop is not None and self.core.is_alive() and not self._dead
+
+    @property
+    def is_idle(self) -> bool:
+        """No request in flight in this client's view: none being added, streaming or queried."""
+        return not (self._groups or self._adding or self._pending)
+
+    def census_skip(self) -> tuple[object, ...]:
+        """What the API server's request-id census must not enter from this client: its own
+        record of ended ids; the event loop (its ready queue, timers and selector reach the
+        server's connections, which are uvicorn's: a keep-alive connection keeps its last
+        request's scope until the next request); and what the engine loop's census walks already
+        (``AsyncLLMEngine``: the engine and the in-process core client with its loop; one
+        process, walked once)."""
+        return (self.ended, self._loop)
 
     def begin_shutdown(self) -> None:
         """Stop accepting requests and abort every request in flight (signal-safe: only queues)."""
@@ -150,11 +173,13 @@ class _AsyncClient:
                 out, deliver = ev[1], ev[2]
                 self._notify(out)
                 group = self._groups.get(out.request_id) if deliver else None
+                if out.finished:
+                    self._record_ended(out.request_id)
                 if group is not None:
                     if out.finished:
                         self._groups.pop(out.request_id, None)
                     calls.append((group._deliver, (out.request_id, out)))
-            elif kind == "error":
+            elif kind == "error":  # its final "out" (not delivered) came first and was recorded
                 group = self._groups.pop(ev[1], None)
                 if group is not None:
                     calls.append((group._deliver, (ev[1], RuntimeError(ev[2]))))
@@ -163,11 +188,19 @@ class _AsyncClient:
                 if group is not None and ev[2] is None:  # added: route its outputs (they follow this event)
                     for rid in group.request_ids:
                         self._groups[rid] = group
+                elif group is not None:  # refused: those the loop had added sent a final "out" already
+                    for rid in group.request_ids:
+                        if rid not in self.ended:
+                            self._record_ended(rid)
                 fut = self._pending.pop(ev[1], None)
                 if fut is not None:
                     value, exc = (None, ev[2]) if kind == "added" else (ev[2], ev[3])
                     calls.append((_set_future, (fut, value, exc)))
         self._post_all(calls)
+
+    def _record_ended(self, request_id: str) -> None:
+        self.ended.append(request_id)
+        self.num_ended += 1
 
     def _notify(self, out: RequestOutput) -> None:
         """Hand ``out`` to ``on_output`` (metrics); a failing callback is logged, never fatal."""
@@ -198,6 +231,7 @@ class _AsyncClient:
         if died:
             logger.error("%s; failing %d request(s) in flight", message, len(self._groups))
         for rid, group in list(self._groups.items()):
+            self._record_ended(rid)
             group._deliver(rid, RuntimeError(message) if died else EngineNotRunningError("the engine has stopped"))
         self._groups.clear()
         for fut in list(self._pending.values()):
@@ -267,6 +301,10 @@ class AsyncLLMEngine(_AsyncClient):
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def census_skip(self) -> tuple[object, ...]:
+        """The ended-id record, the engine and the core client (whose loop's census walks them)."""
+        return (*super().census_skip(), self.engine, self.core)
 
     async def run_on_engine(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between two steps and return its result

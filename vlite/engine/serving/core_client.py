@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vlite.engine.census import API_SERVER_MODULES
 from vlite.engine.config import EngineConfig
 from vlite.engine.metrics import EngineStats
 from vlite.engine.serving.engine_core import run_engine_core
@@ -44,7 +45,9 @@ class InprocClient:
         self.engine = engine
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._on_events: OnEvents | None = None
-        self.loop = EngineLoop(engine, self, log_stats=log_stats, log_stats_interval=log_stats_interval)
+        # one process: the API server's census walks the serving and server modules (census.py)
+        self.loop = EngineLoop(engine, self, log_stats=log_stats, log_stats_interval=log_stats_interval,
+                               census_exclude_modules=API_SERVER_MODULES)
         self._thread: threading.Thread | None = None
 
     # ---- the loop's transport (engine thread) -------------------------------------------------

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vlite.engine.census import CensusResult
+from vlite.engine.census import CENSUS_INTERVAL_S, ENDED_HISTORY, CensusResult
 from vlite.engine.core.sequence import FinishReason
 from vlite.engine.introspection import blocks_document
 from vlite.engine.metrics import EngineStats, StatsLogger
@@ -36,12 +37,6 @@ from vlite.engine.serving.protocol import Command, EngineNotRunningError, Engine
 logger = logging.getLogger("vlite.async_engine")  # the --log-stats line keeps its logger name
 
 IDLE_POLL_S = 1.0
-
-
-# The request-id census at idle points (docs/leak-check.md): at most this often (s), over at most
-# this many ended request ids (the most recent).
-CENSUS_INTERVAL_S = 1.0
-ENDED_HISTORY = 10_000
 
 
 class TransportClosed(Exception):
@@ -66,8 +61,8 @@ def _stats(engine, loop: EngineLoop) -> EngineStats:
     return loop.stats_with_census()
 
 
-def _census(engine, loop: EngineLoop) -> dict | None:
-    return loop.census.to_dict() if loop.census is not None else None
+def _census(engine, loop: EngineLoop) -> dict:
+    return loop.census_document()
 
 
 def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
@@ -95,10 +90,13 @@ class EngineLoop:
         engine: the LLMEngine; while the loop runs only the loop touches it.
         transport: where commands come from and events go (``LoopTransport``).
         log_stats, log_stats_interval: log one stats line (vLLM's shape) every ``log_stats_interval`` s.
+        census_exclude_modules: packages whose module-level containers the census leaves to the
+            API server's own census (``census.API_SERVER_MODULES`` when the loop runs in a thread
+            of the API server: one process, walked once).
     """
 
     def __init__(self, engine, transport: LoopTransport, *, log_stats: bool = False,
-                 log_stats_interval: float = 10.0) -> None:
+                 log_stats_interval: float = 10.0, census_exclude_modules: tuple[str, ...] = ()) -> None:
         self.engine = engine
         self.transport = transport
         self.idle_timeout = log_stats_interval if log_stats else IDLE_POLL_S
@@ -110,6 +108,9 @@ class EngineLoop:
         self._num_ended = self._num_ended_at_census = 0
         self._last_census = 0.0
         self.census: CensusResult | None = None
+        self.census_exclude_modules = census_exclude_modules
+        self._census_elapsed_ms: float | None = None
+        self._census_taken_at: float | None = None  # wall clock (s since the epoch)
         self._held_counts: dict[str, int] = {}  # the census's path -> ended requests held, for the stats
 
     @property
@@ -268,8 +269,10 @@ class EngineLoop:
     def _maybe_census(self) -> None:
         """At an idle point (nothing in flight), when requests ended since the last census and at
         most every ``CENSUS_INTERVAL_S``: walk the engine and this loop for containers that still
-        hold ended requests (``EngineView.request_census``), and publish the counts with the stats
-        (``vlite:ended_requests_held`` in /metrics). Costs ms; never inside a step."""
+        hold ended requests (``EngineView.request_census``), and publish the counts at once with
+        the stats, in a batch of its own (a "census" event: an idle engine core sends no empty
+        batch), so ``vlite:ended_requests_held`` in /metrics is current within the interval.
+        Costs ms; never inside a step."""
         if self._live or self._num_ended == self._num_ended_at_census or self.engine.has_unfinished_requests():
             return
         if not hasattr(self.engine, "scheduler"):  # a test double: nothing to walk
@@ -278,13 +281,30 @@ class EngineLoop:
             return
         from vlite.engine.introspection import EngineView
 
+        t0 = time.perf_counter()
         try:
-            self.census = EngineView(self.engine, self).request_census(set(self._ended), skip=[self._ended])
+            # the last result is not entered: it names the ended ids it found
+            self.census = EngineView(self.engine, self).request_census(
+                set(self._ended), skip=[self._ended, self.census], exclude_modules=self.census_exclude_modules)
             self._held_counts = {h.path: len(h.request_ids) for h in self.census.held}
+            self._census_elapsed_ms = round((time.perf_counter() - t0) * 1e3, 2)
+            self._census_taken_at = time.time()
         except Exception:  # noqa: BLE001 - a diagnostic must not stop the serving loop
             logger.exception("request-id census failed")
         self._num_ended_at_census, self._last_census = self._num_ended, time.monotonic()
-        # the counts go out with the stats of the next iteration's publish
+        self._events.append(("census",))  # the counts go out now, with the stats of this batch
+        self._publish()
+
+    def census_document(self) -> dict:
+        """The last census for ``/debug/census``: ``process`` ("engine"), ``pid``, ``taken_at``
+        (s since the epoch; None before the first), ``elapsed_ms`` (its cost), ``pending`` (requests
+        ended since), ``held`` (each container's path, kind and request ids), ``objects_visited``,
+        ``truncated``."""
+        doc = {"process": "engine", "pid": os.getpid(), "taken_at": self._census_taken_at,
+               "elapsed_ms": self._census_elapsed_ms, "pending": self._num_ended - self._num_ended_at_census}
+        if self.census is None:
+            return doc | {"held": [], "objects_visited": 0, "truncated": False}
+        return doc | self.census.to_dict()
 
     def _maybe_log_stats(self) -> None:
         if self._stats_logger is not None:

@@ -23,6 +23,8 @@ after them, so a client that sees a request end also sees the blocks it freed:
     ("error", request_id, message)    the step failed; the request is gone
     ("added", add_id, exception | None)
     ("result", call_id, value, exception | None)
+    ("census",)                       a request-id census ran at an idle point: its counts are in the
+                                      stats of this batch (without it an idle core would send nothing)
 """
 
 from __future__ import annotations

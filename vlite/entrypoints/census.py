@@ -1,0 +1,144 @@
+"""The API server's request-id census: the engine's census (``vlite.engine.census``) run over
+what the API server process holds per request (issue 33).
+
+With the engine core in its own process (the default), the engine loop's census walks only the
+core's objects. The API server keeps per-request state of its own: the async client's maps
+(``_groups``, ``_pending``, ``_adding``), the request streams, the handlers' and the metrics'
+bookkeeping (``ServerMetrics._last_token_time``), the middleware, and the module- and
+class-level containers of ``vlite.entrypoints`` and ``vlite.engine.serving``. This census walks
+them, with the same walker, for the ids of the requests that ended in the async client's view
+(``_AsyncClient.ended``: final outputs, refused adds, the loop's end).
+
+It runs on the event loop at idle points only: no engine request in flight in the client's view,
+no HTTP request in flight but the observers' (``/metrics``, ``/health``, ``/version``,
+``/debug/*``; ``ServerState.requests_in_flight``), requests ended since the last census, and at
+most once every ``CENSUS_INTERVAL_S``. A request arriving meanwhile waits for the walk (ms;
+docs/leak-check.md has the cost).
+
+Its containers are named ``api_server.<path>`` (``api_server.client._groups``,
+``api_server.vlite.entrypoints.serving_completion._SEEN``); the engine's keep their names
+(``engine.<path>``, ``async_engine.<path>``, ``vlite.<module>.<name>``). With the engine loop in a
+thread of this process the two walks are split, so nothing is walked or counted twice: this one
+does not enter the engine and its in-process core client (``AsyncLLMEngine.census_skip``), and
+the loop's leaves ``API_SERVER_MODULES`` to this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+from vlite.engine import API_SERVER_MODULES, CENSUS_INTERVAL_S, CensusResult, module_roots, request_census
+
+logger = logging.getLogger("vlite.server")
+
+PATH_PREFIX = "api_server."
+CENSUS_POLL_S = 0.2  # how often the event loop looks for an idle point (a few attribute reads)
+
+
+class _ServerView(Protocol):
+    """What the census reads of the server's state (``state.ServerState``, which holds the census)."""
+
+    status: str
+    engine: Any  # the async client (``_AsyncClient``: ended, num_ended, is_idle, census_skip()) or None
+    requests_in_flight: int
+
+
+class ApiServerCensus:
+    """The request-id census of the API server process, run at its idle points.
+
+    Args:
+        state: the server's state (``state.engine``, the async client, is set once the model is
+            loaded; before that there is nothing to walk).
+        app: the ASGI app (its routes and middleware stack are walked).
+
+    ``result`` is the last census (None before the first); ``held_counts()`` and ``pending`` feed
+    ``/metrics``, ``document()`` feeds ``/debug/census``.
+    """
+
+    def __init__(self, state: _ServerView, app: object) -> None:
+        self.state = state
+        self.app = app
+        self.result: CensusResult | None = None
+        self.elapsed_ms: float | None = None  # the last walk's cost
+        self.taken_at: float | None = None  # wall clock of the last walk (s since the epoch)
+        self._held_counts: dict[str, int] = {}
+        self._num_ended_at_census = 0
+        self._last = float("-inf")  # time.monotonic() of the last walk
+
+    @property
+    def pending(self) -> int:
+        """Requests that ended in the async client's view since the last census (0: it is current)."""
+        client = self.state.engine
+        return 0 if client is None else client.num_ended - self._num_ended_at_census
+
+    def idle(self) -> bool:
+        """True at an idle point: the server is ready, the async client has no request in flight,
+        and no HTTP request but an observer's (``/metrics``, ``/debug/*``, ...) is being served."""
+        client = self.state.engine
+        return (client is not None and self.state.status == "ready" and client.is_idle
+                and self.state.requests_in_flight == 0)
+
+    def maybe_run(self) -> bool:
+        """Run the census if this is an idle point, requests ended since the last one and
+        ``CENSUS_INTERVAL_S`` has passed; True if it ran. A failing walk is logged, never raised."""
+        if not self.pending or not self.idle() or time.monotonic() - self._last < CENSUS_INTERVAL_S:
+            return False
+        try:
+            self.run()
+        except Exception:  # noqa: BLE001 - a diagnostic must not stop the server
+            logger.exception("API server request-id census failed")
+            self._last = time.monotonic()
+        return True
+
+    def run(self) -> CensusResult:
+        """Walk now (whatever the server is doing) and keep the result.
+
+        Roots: the async client (``api_server.client``), the server state (``api_server.state``),
+        the app (``api_server.app``) and the module- and class-level containers of
+        ``API_SERVER_MODULES`` (``api_server.<module>.<name>``). Not entered: this census, the
+        client's record of ended ids and what the engine's census walks (``client.census_skip()``).
+
+        Raises:
+            RuntimeError: the model is not loaded yet (no async client).
+        """
+        client = self.state.engine
+        if client is None:
+            raise RuntimeError("the API server census needs the loaded engine's async client")
+        num_ended = client.num_ended  # before the ids: a request ending during the walk stays pending
+        ended = set(client.ended)
+        roots: dict[str, object] = {f"{PATH_PREFIX}client": client, f"{PATH_PREFIX}state": self.state,
+                                    f"{PATH_PREFIX}app": self.app}
+        roots.update({PATH_PREFIX + name: value for name, value in module_roots(API_SERVER_MODULES).items()})
+        t0 = time.perf_counter()
+        result = request_census(roots, ended, skip=[self, *client.census_skip()])
+        self.elapsed_ms = round((time.perf_counter() - t0) * 1e3, 2)
+        self.taken_at = time.time()
+        self.result = result
+        self._held_counts = {h.path: len(h.request_ids) for h in result.held}
+        self._num_ended_at_census = num_ended
+        self._last = time.monotonic()
+        return result
+
+    def held_counts(self) -> dict[str, int]:
+        """Container path -> ended requests it held at the last census (empty: none held)."""
+        return self._held_counts
+
+    def document(self) -> dict:
+        """The last census for ``/debug/census``: ``process`` ("api_server"), ``pid``, ``taken_at``
+        (s since the epoch; None before the first), ``elapsed_ms``, ``pending``, ``held`` (each
+        container's path, kind, type, request ids and entries), ``objects_visited``, ``truncated``."""
+        doc = {"process": "api_server", "pid": os.getpid(), "taken_at": self.taken_at,
+               "elapsed_ms": self.elapsed_ms, "pending": self.pending}
+        if self.result is None:
+            return doc | {"held": [], "objects_visited": 0, "truncated": False}
+        return doc | self.result.to_dict()
+
+    async def serve(self, poll_s: float = CENSUS_POLL_S) -> None:
+        """Look for an idle point every ``poll_s`` s and run the census there, until cancelled."""
+        while True:
+            await asyncio.sleep(poll_s)
+            self.maybe_run()
