@@ -150,11 +150,11 @@ def sampling_and_silu(repeats: int, iters: int) -> dict:
     for dtype in (torch.float32, torch.bfloat16):
         gate_up = torch.randn(64, 2 * 1536).to(dtype)
         name = str(dtype).removeprefix("torch.")
-        out[f"torch_silu_and_mul_{name}_ms"] = best_ms(lambda: fused_ops.TorchOps.silu_and_mul(gate_up), repeats,
+        out[f"torch_silu_and_mul_{name}_ms"] = best_ms(lambda g=gate_up: fused_ops.TorchOps.silu_and_mul(g), repeats,
                                                        iters)
         if module is not None:
             cpp = fused_ops.CppOps(module)
-            out[f"cpp_silu_and_mul_{name}_ms"] = best_ms(lambda: cpp.silu_and_mul(gate_up), repeats, iters)
+            out[f"cpp_silu_and_mul_{name}_ms"] = best_ms(lambda c=cpp, g=gate_up: c.silu_and_mul(g), repeats, iters)
     return out
 
 

@@ -54,11 +54,11 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         x = {k: torch.randn(rows, k).to(dtype) for k in (576, 1536)}
 
-        def sweep_onednn():
+        def sweep_onednn(x=x):
             for (_, k), w in zip(SHAPES, onednn):
                 torch.ops.mkldnn._linear_pointwise(x[k], w, None, "none", [], "")
 
-        def sweep_vlite():
+        def sweep_vlite(x=x):
             for (n, k), w in zip(SHAPES, packed):
                 cpu_gemm.linear(x[k], w, None, n)
 
