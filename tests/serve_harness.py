@@ -32,7 +32,8 @@ def free_port() -> int:
 class ServerProcess:
     """``vlite serve --model MODEL --host 127.0.0.1 --port <free> ARGS...`` in a subprocess."""
 
-    def __init__(self, model: str | Path, log_path: Path, *args: str, api_key: str | None = None) -> None:
+    def __init__(self, model: str | Path, log_path: Path, *args: str, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -40,7 +41,7 @@ class ServerProcess:
         cmd = [*VLITE, "serve", "--model", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
         if api_key:
             cmd += ["--api-key", api_key]
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1") | (env or {})
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 

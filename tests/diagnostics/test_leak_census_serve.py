@@ -7,11 +7,6 @@ server, in the thread and in the engine-core-process layouts."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -55,47 +50,18 @@ LAYOUTS = pytest.mark.parametrize("layout", [("--disable-frontend-multiprocessin
                                   ids=["thread", "engine-core-process"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def serve(tiny_model_dir, tmp_path):
-    procs = []
-
+def serve(vlite_serve, tmp_path):
     def start(*extra: str, plant: bool = False) -> str:
-        env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        env = None
         if plant:  # sitecustomize runs in every Python process of the server, the engine core's too
             site = tmp_path / "plant"
             site.mkdir(exist_ok=True)
             (site / "sitecustomize.py").write_text(PLANT)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-        port = _free_port()
-        vlite = str(Path(sys.executable).with_name("vlite"))
-        proc = subprocess.Popen([vlite, "serve", "--model", str(tiny_model_dir), "--host", "127.0.0.1",
-                                 "--port", str(port), "--num-blocks", "96", *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        procs.append(proc)
-        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300  # a loaded 2-core machine
-        while time.time() < deadline:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("server did not start")
+            env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+        return vlite_serve(*extra, env=env)
 
-    yield start
-    for p in procs:
-        p.terminate()
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    return start
 
 
 def _specs():

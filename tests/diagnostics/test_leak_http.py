@@ -3,14 +3,6 @@ clients that really disconnect mid-stream leak blocks under the planted fault, a
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 
 from vlite.diagnostics.targets.http import run_http
@@ -18,42 +10,9 @@ from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.sources import synthetic_workload, with_action
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def serve(tiny_model_dir):
-    procs = []
-
-    def start(*extra: str) -> str:
-        port = _free_port()
-        vlite = str(Path(sys.executable).with_name("vlite"))  # the console script of this venv
-        cmd = [vlite, "serve", "--model", str(tiny_model_dir), "--host", "127.0.0.1",
-               "--port", str(port), "--num-blocks", "96", "--enable-debug-endpoints", *extra]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {
-            "TOKENIZERS_PARALLELISM": "false"})
-        procs.append(proc)
-        url, deadline = f"http://127.0.0.1:{port}", time.time() + 90
-        while time.time() < deadline:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError("vlite serve did not become healthy within 90 s")
-
-    yield start
-    for p in procs:
-        p.terminate()
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def serve(vlite_serve):
+    return lambda *extra: vlite_serve("--enable-debug-endpoints", *extra)
 
 
 def _workload():

@@ -69,6 +69,20 @@ def _load_kv_tile(k_cache_ptr, v_cache_ptr, table, pos, valid, kv_head, d, d_mas
 
 
 @triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one tile into the running softmax (the online softmax of Milakov & Gimelshein 2018, as in
+    FlashAttention): scores ``s`` [M, N] float32 in base 2 (masked keys -inf), values ``v`` [N, D];
+    running row maximum ``m_i`` [M], sum of exponentials ``l_i`` [M] and unnormalised output
+    ``acc`` [M, D], all float32. Returns the new (m_i, l_i, acc)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
         out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
@@ -116,13 +130,8 @@ def _paged_decode_kernel(
                              BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [G, N]
         s = tl.where(valid[None, :], s, float("-inf"))
-        # Every tile holds at least one valid token, so m_new is finite from the first tile on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        # Every tile holds at least one valid token, so m_i is finite from the first tile on.
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
     # A sequence of length 0 (a padded CUDA-graph row) has l == 0: write zeros, not NaN.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -222,14 +231,9 @@ def _paged_prefill_kernel(
                              BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
         s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # The first tile holds key 0, which every row sees: m is finite from then on, and a
+        # The first tile holds key 0, which every row sees: m_i is finite from then on, and a
         # tile wholly in a row's future only gives p = 0 and alpha = 1 for that row.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_ptr = out_ptr + q_rows[:, None] * out_stride_t + head * out_stride_h + d[None, :]
