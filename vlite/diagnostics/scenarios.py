@@ -174,7 +174,7 @@ NEW_SCENARIOS = [
                                          "aborted in prefill": _at_least(("abort_states", "prefill")),
                                          "aborted in decode (after the fork)": _at_least(("abort_states", "decode"))}),
                           _expect_outcomes({"ns-0004": {"finished"}, "ns-0003": {"aborted"}}))),
-    Scenario("beam-under-pressure", "beam search (width 4) with long requests on a 24-block cache: beams pruned, "
+    Scenario("beam-under-pressure", "beam search (width 4) with long requests on a 20-block cache: beams pruned, "
              "forked and preempted; one beam search aborted", _beam_pressure, {"num_blocks": 20},
              expect=_both(_expect_cov(**{"beams pruned": _at_least(("beam_prunes",)),
                                          "preempted": _at_least(("preemptions",)),
