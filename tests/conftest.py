@@ -104,3 +104,28 @@ def make_engine(checkpoint, *, num_blocks: int | None = 64, block_size: int = 16
                                   max_model_len=max_model_len),
         parallel=ParallelConfig(tensor_parallel_size, distributed_executor_backend))
     return LLMEngine(config, checkpoint=checkpoint)
+
+
+SERVE_STARTUP_TIMEOUT_S = 300.0  # imports, model load and (first run) the CPU kernels' build on a loaded 2-core machine
+
+
+@pytest.fixture
+def vlite_serve(tiny_model_dir, tmp_path):
+    """``start(*args, env=None) -> base URL``: ``vlite serve --model <tiny> --num-blocks 96 ARGS`` on a free
+    loopback port, ready (/health 200) when returned; ``env`` adds to the environment. Every server
+    started is stopped after the test, and its log tail printed (pytest shows it when the test failed)."""
+    from serve_harness import ServerProcess
+
+    servers: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> str:
+        srv = ServerProcess(tiny_model_dir, tmp_path / f"serve-{len(servers)}.log", "--num-blocks", "96", *args,
+                            env=env)
+        servers.append(srv)
+        srv.wait_ready(timeout=SERVE_STARTUP_TIMEOUT_S)
+        return srv.base_url
+
+    yield start
+    for srv in servers:
+        srv.stop()
+        print(srv.log()[-4000:])

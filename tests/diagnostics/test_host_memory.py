@@ -113,6 +113,9 @@ def test_growth_that_levels_off_is_warm_up_and_growth_that_keeps_its_slope_is_a_
     anon_leak = host_memory_check(_points([5] * 8, [100 * mib + i * 10 * 256 * 1024 for i in range(8)]))
     assert anon_leak["verdict"] == "HOST-LEAK" and anon_leak["growing"] == []
     assert host_memory_check(_points(steady[:4], [0] * 4))["verdict"] == "too few idle points"
+    # the default 60-request run's 5 idle points (the baseline and 4 waves): enough for a steady container
+    assert host_memory_check(_points(steady[:5], [100 * mib] * 5))["verdict"] == "HOST-LEAK"
+    assert host_memory_check(_points(flat_late[:5], [100 * mib] * 5))["verdict"] != "HOST-LEAK"
 
 
 def test_plateau_test_fits_the_later_half():
@@ -121,7 +124,7 @@ def test_plateau_test_fits_the_later_half():
 
 
 def test_six_idle_points_are_enough_for_a_container_that_keeps_growing():
-    # the default run's 6 idle points: a 95% CI over the last 3 is too wide, steady growth is not
+    # 6 idle points (120 requests): a 95% CI over the last 3 is too wide, steady growth is not
     mib = 2**20
     bursty = [67, 203, 325, 434, 553, 713]  # vllm#44175's list on the all-paths workload (entries)
     assert host_memory_check(_points(bursty, [100 * mib] * 6))["verdict"] == "HOST-LEAK"

@@ -29,7 +29,7 @@ CONTAINER_SLOPE = 0.2
 MIN_CONTAINER_GROWTH = 5
 # Anonymous RSS + swap keeps growing when its late slope's 95% CI stays above this (bytes/request).
 ANON_SLOPE_BYTES = 64 * 1024
-MIN_POINTS = 6  # idle points for a plateau test (3 in each half at least)
+MIN_POINTS = 5  # idle points for a plateau test: 2 for the early slope, 3 (2 intervals) in the later half
 
 
 def anon_swap_bytes(pids: Iterable[int]) -> int | None:

@@ -54,6 +54,8 @@ class InProcessClient:
         self.probe = probe
         self.stall_steps = stall_steps
         self._quiet_steps = 0
+        self._orphan_steps = 0  # steps in a row with engine work but no request in flight
+        self._finished_ids: set[str] = set()  # requests seen finishing (a stuck one may re-emit its end)
         self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
 
     def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0,
@@ -102,7 +104,9 @@ class InProcessClient:
             self._check_timeouts(inflight, results, done)
             if engine.has_unfinished_requests():
                 self._step(inflight, results, done)
-                if self._quiet_steps >= self.stall_steps:
+                # with no client waiting, sequences that keep making tokens (zombies) also end the wave
+                self._orphan_steps = 0 if inflight else self._orphan_steps + 1
+                if self._quiet_steps >= self.stall_steps or self._orphan_steps >= self.stall_steps:
                     self._give_up(out, inflight, results, done)
             elif inflight:  # the engine dropped requests the client still waits for
                 for rid in list(inflight):
@@ -152,8 +156,9 @@ class InProcessClient:
         s = self.view.stats()
         if not inflight:  # sequences no client waits for never end: count the wave as over
             out.notes.append(f"the engine never went idle: {s.num_running} running, {s.num_waiting} waiting "
-                             f"after {self._quiet_steps} steps without output, with no request in flight")
-            self._stuck, self._quiet_steps = True, 0
+                             f"after {max(self._quiet_steps, self._orphan_steps)} steps with no request in flight"
+                             + ("" if self._quiet_steps >= self.stall_steps else " (still making tokens)"))
+            self._stuck, self._quiet_steps, self._orphan_steps = True, 0, 0
             return
         out.notes.append(f"the engine stalled: no token and no finished request in {self._quiet_steps} steps "
                          f"({s.num_running} running, {s.num_waiting} waiting, {s.num_free_blocks} free of "
@@ -205,7 +210,10 @@ class InProcessClient:
         outputs = self.engine.step()
         # Progress is a new token or a finished request (not just an output: a leak can make the
         # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
-        progressed = any(o.finished for o in outputs) or self.view.stats().generation_tokens_total > before
+        # A request's end counts once: a stuck request can emit its finished output at every step.
+        ended = {o.request_id for o in outputs if o.finished} - self._finished_ids
+        self._finished_ids |= ended
+        progressed = bool(ended) or self.view.stats().generation_tokens_total > before
         self._quiet_steps = 0 if progressed else self._quiet_steps + 1
         for ro in outputs:
             res = results.get(ro.request_id)
