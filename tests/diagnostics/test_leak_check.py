@@ -155,3 +155,30 @@ def test_a_model_that_fails_every_step_is_inconclusive_not_clean(tiny_checkpoint
     assert not f.leak and f.drain.mismatch_blocks == 0  # the error path freed everything
     assert f.verdict == "INCONCLUSIVE" and f.summary().startswith("INCONCLUSIVE: every request ended in an engine")
     assert f.to_dict()["verdict"] == "INCONCLUSIVE"
+
+
+def test_preempted_in_prefill_scenario_finds_a_table_dropped_at_a_prefill_preemption(tiny_checkpoint, monkeypatch):
+    # Preempting a sequence that has no output token yet drops its block table without a free:
+    # only a preemption in the middle of a (chunked) prefill walks that branch, and the
+    # preempted-in-prefill scenario forces one.
+    from vlite.diagnostics.scenarios import SCENARIOS, run_scenario
+    from vlite.engine.core import scheduler as scheduler_mod
+
+    base = make_engine(tiny_checkpoint).config
+    clean = run_scenario(SCENARIOS["preempted-in-prefill"], tiny_checkpoint, base)
+    assert clean.passed, (clean.run.findings.summary(), clean.checks)
+    assert clean.run.findings.coverage["preemptions_in_prefill"] >= 1
+
+    preempt = scheduler_mod.Scheduler._preempt
+
+    def drop_prefill_table(self, seq):
+        if seq.num_output_tokens == 0:
+            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)  # planted: no free
+            seq.status, seq.num_computed_tokens = scheduler_mod.SequenceStatus.PREEMPTED, 0
+            self.waiting.appendleft(seq)
+            return
+        preempt(self, seq)
+
+    monkeypatch.setattr(scheduler_mod.Scheduler, "_preempt", drop_prefill_table)
+    leaky = run_scenario(SCENARIOS["preempted-in-prefill"], tiny_checkpoint, base)
+    assert leaky.run.findings.leak and not leaky.passed, leaky.run.findings.summary()

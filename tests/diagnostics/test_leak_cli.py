@@ -58,7 +58,7 @@ def test_usage_errors_exit_2(tiny_model_dir, tmp_path):
 def test_all_scenarios_pass_on_a_clean_engine(tiny_model_dir):
     res = _invoke("--model", tiny_model_dir, "--scenario", "all")
     assert res.exit_code == 0, res.output
-    assert "14/14 scenarios passed" in res.output
+    assert "15/15 scenarios passed" in res.output
 
 
 def test_scenarios_catch_a_planted_fault(tiny_model_dir):

@@ -22,7 +22,7 @@ _MIX_HELP = "Abort kind: abort-waiting, abort-prefill, abort-after-tokens, disco
 # The fixed scenarios' names (vlite/diagnostics/scenarios.py SCENARIOS; a test keeps the two equal).
 # Listed here so that --help shows them without importing the engine.
 SCENARIO_NAMES = ("abort-waiting", "abort-chunked-prefill", "disconnect-mid-stream", "non-streaming-disconnect",
-                  "abort-preempted", "raise-in-step", "never-fits", "repeated-short", "n-samples-abort",
+                  "abort-preempted", "preempted-in-prefill", "raise-in-step", "never-fits", "repeated-short", "n-samples-abort",
                   "beam-under-pressure", "shared-prefix-aborts", "stop-strings", "chat-eos",
                   "preempted-resumed-aborted")
 _SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "

@@ -218,6 +218,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("abort-preempted", "abort a request after recompute preemption (a 12-block cache)",
              lambda: [_spec(0, 40, 100), _spec(1, 40, 100, "abort-preempted"), _spec(2, 40, 100)],
              {"num_blocks": 12}, expect=_expect_preempted_abort),
+    Scenario("preempted-in-prefill", "a 70-token prompt preempted in the middle of its chunked prefill (a 6-block "
+             "cache, a 16-token budget: a decoding request takes the blocks it needs), then recomputed",
+             lambda: [_spec(0, 30, 50), _spec(1, 70, 4)], {"num_blocks": 6, "max_num_batched_tokens": 16},
+             expect=_both(_expect_cov(**{"preempted during prefill": _at_least(("preemptions_in_prefill",))}),
+                          _expect_outcomes({"sc-0000": {"finished"}, "sc-0001": {"finished"}}))),
     Scenario("raise-in-step", "a request that raises in the model runner: only it ends (error), others finish",
              lambda: [_spec(0, 24, 12), _spec(1, 24, 12, tag="raise-in-step"), _spec(2, 24, 12),
                       _spec(3, 24, 8, arrival_s=0.2)], faults=("raise-in-step",),

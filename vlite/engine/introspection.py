@@ -82,6 +82,8 @@ class Coverage:
     abort_states: aborted sequences by the state they were in ("waiting", "prefill",
         "decode", "preempted", "resumed").
     preemptions, resumptions: recompute preemptions, and preempted sequences scheduled again.
+    preemptions_in_prefill: preemptions of a sequence with no output token yet (its prefill,
+        chunked or not, was dropped).
     prefix_hit_tokens: prompt tokens served from the prefix cache (tokens).
     forks: fork calls (n > 1 samples, beam search); copy_on_write: block copies;
     beam_prunes: beams dropped by beam search.
@@ -102,13 +104,15 @@ class Coverage:
     beam_prunes: int
     features: Mapping[str, int] = field(default_factory=dict)
     aborts_by_family: Mapping[str, int] = field(default_factory=dict)
+    preemptions_in_prefill: int = 0
 
     def to_dict(self) -> dict:
         return {"allocation_sites": dict(self.allocation_sites), "finish_reasons": dict(self.finish_reasons),
                 "abort_states": dict(self.abort_states), "preemptions": self.preemptions,
                 "resumptions": self.resumptions, "prefix_hit_tokens": self.prefix_hit_tokens, "forks": self.forks,
                 "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes,
-                "features": dict(self.features), "aborts_by_family": dict(self.aborts_by_family)}
+                "features": dict(self.features), "aborts_by_family": dict(self.aborts_by_family),
+                "preemptions_in_prefill": self.preemptions_in_prefill}
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,7 @@ class EngineView:
                         MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
                         sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
                         sched.num_beam_prunes, MappingProxyType(dict(sched.feature_counts)),
-                        MappingProxyType(dict(sched.aborts_by_family)))
+                        MappingProxyType(dict(sched.aborts_by_family)), sched.num_preemptions_in_prefill)
 
     def snapshot(self) -> EngineSnapshot:
         """Registries, histories and coverage in one frozen object."""

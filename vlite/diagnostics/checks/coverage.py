@@ -57,7 +57,8 @@ PATHS.update({
                                                for k, v in c.get("aborts_by_family", {}).items()),
 })
 _COUNTS = ("allocation_sites", "finish_reasons", "abort_states", "features", "aborts_by_family")
-_SCALARS = ("preemptions", "resumptions", "prefix_hit_tokens", "forks", "copy_on_write", "beam_prunes")
+_SCALARS = ("preemptions", "preemptions_in_prefill", "resumptions", "prefix_hit_tokens", "forks", "copy_on_write",
+            "beam_prunes")
 
 
 def diff(after: dict, before: dict | None) -> dict:
@@ -121,7 +122,8 @@ def lines(cov: dict | None) -> list[str]:
     out = [f"coverage: allocations by site: {sites}",
            f"coverage: sequences finished: {finishes}; sequences aborted, by state: {aborts} "
            "(sequences, not requests: an n > 1 or beam-search request has several)",
-           f"coverage: {cov['preemptions']} preemptions, {cov.get('resumptions', 0)} resumptions, "
+           f"coverage: {cov['preemptions']} preemptions ({cov.get('preemptions_in_prefill', 0)} during prefill), "
+           f"{cov.get('resumptions', 0)} resumptions, "
            f"{cov['prefix_hit_tokens']} prefix-hit tokens, {cov['forks']} forks, {cov['copy_on_write']} "
            f"copy-on-write copies, {cov['beam_prunes']} beam prunes",
            f"coverage: requests by feature: {features}",

@@ -75,6 +75,7 @@ class Scheduler:
         self.finished_records: OrderedDict[int, RequestRecord] = OrderedDict()  # by seq id, oldest first
         self.step_counter = 0
         self.num_preemptions_total = 0
+        self.num_preemptions_in_prefill = 0  # of those, sequences with no output token yet
         self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
         self.prompt_tokens_total = 0  # prefill tokens computed (tokens)
         self.generation_tokens_total = 0  # output tokens appended (tokens)
@@ -240,6 +241,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions_total += 1
+        self.num_preemptions_in_prefill += seq.num_output_tokens == 0
         rec = self._record_of(seq)
         if rec is not None:
             rec.status, rec.num_preemptions = seq.status.value, seq.num_preemptions
