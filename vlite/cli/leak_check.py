@@ -26,7 +26,7 @@ SCENARIO_NAMES = ("abort-waiting", "abort-chunked-prefill", "disconnect-mid-stre
                   "beam-under-pressure", "shared-prefix-aborts", "stop-strings", "chat-eos",
                   "preempted-resumed-aborted")
 _SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "
-               "requests asks for (40 blocks at --num-requests 120, 63 at 200), so that preemption happens")
+               "requests asks for (25 blocks at --num-requests 60, 39 at 120, 71 at 200), so that preemption happens")
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
@@ -72,7 +72,7 @@ def leak_check(
     n: int = typer.Option(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks)."),
     max_num_batched_tokens: int | None = typer.Option(
         None, "--max-num-batched-tokens", min=1,
-        help="Token budget of one step (default 256 for the all-paths workload, so long prompts are chunked; "
+        help="Token budget of one step (default 128 for the all-paths workload, so long prompts are chunked; "
              "else 2048)."),
     engine_args: EngineArgs = None,
     server_kind: str = typer.Option("auto", "--server-kind",

@@ -68,9 +68,10 @@ KNOB_TOKEN_IDS = tuple(range(100, 164))  # token ids every vocabulary has (logit
 NUM_PREFIXES = 4
 PREFIX_LEN = 48  # tokens: three full 16-token blocks
 LONG_PROMPT = 300  # tokens: an abort-prefill request's prompt, longer than a 256-token step budget
-LONG_PROMPT_SAMPLES = 264  # the same for n = 2 samples (runs of 100 requests or more: their pool holds it twice)
+LONG_PROMPT_SAMPLES = 136  # the same for n = 2 samples: longer than a 128-token budget, and its 2 x (prompt +
+# max_tokens) admission fits the pool of a 60-request run
 LATE_OUTPUT = 48  # tokens: the least output of a request planned to abort after a preemption
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # tokens per step for the default run: long prompts are chunked
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 128  # tokens per step for the default run: long prompts are chunked
 CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one word: yes or no?",
                  "What is the capital of France?", "Give me a short greeting.", "Is water wet? Answer briefly.",
                  "Name one fruit.", "What day comes after Monday?", "Count to three."]
@@ -120,8 +121,8 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
                 n_out = max(n_out, LATE_OUTPUT)
         if action.kind == "abort-prefill" and kind in ("plain", "shared-prefix", "logprobs", "sampling-knobs"):
             n_in = LONG_PROMPT
-        elif action.kind == "abort-prefill" and kind == "samples" and num_requests >= 100:
-            n_in = LONG_PROMPT_SAMPLES  # admitted as 2 x (prompt + max_tokens): a smaller run's pool would grow
+        elif action.kind == "abort-prefill" and kind == "samples":
+            n_in = LONG_PROMPT_SAMPLES  # admitted as 2 x (prompt + max_tokens)
         if action.kind in ("abort-preempted", "abort-resumed"):
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
