@@ -45,8 +45,8 @@ def test_all_paths_workload_walks_every_path_and_drains(tiny_checkpoint):
     run = run_in_process(engine, specs, max_concurrency=64, idle_every=wave, sample_interval_s=0.05)
     _assert_drained(run)
     cov = run.findings.coverage
-    # 80 requests: the long n > 1 prefill probe comes only from 100 requests on, and three
-    # structured requests cannot walk all five forms; every engine path is walked
+    # 80 requests: three structured requests cannot walk all five forms, and this small pool may
+    # admit the long n > 1 prefill probe only once its prefill fits one step; every engine path is walked
     # (and an abort after resumption needs a preempted request resumed before its client leaves,
     # which this small pool's timing does not always give)
     assert set(cov["not_exercised"]) <= {"abort during prefill (n > 1)", "structured output: grammar",

@@ -123,6 +123,8 @@ def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
             c.add_metric([model_name, key], value)
         yield c
     for name, doc, value in [("vlite:num_resumptions", "Preempted sequences scheduled again.", cov.resumptions),
+                             ("vlite:num_preemptions_in_prefill", "Preemptions of a sequence with no output token "
+                              "yet (its prefill dropped).", cov.preemptions_in_prefill),
                              ("vlite:forks", "Sequence forks (n > 1, beam search).", cov.forks),
                              ("vlite:copy_on_write", "Copy-on-write block copies.", cov.copy_on_write),
                              ("vlite:beam_prunes", "Beams pruned by beam search.", cov.beam_prunes)]:

@@ -92,6 +92,7 @@ def from_metrics_text(text: str) -> dict | None:
                 "vlite:request_feature_total": ("features", "feature"),
                 "vlite:sequence_aborted_by_family_total": ("aborts_by_family", "family_state")}
     scalars = {"vlite:num_preemptions_total": "preemptions", "vlite:num_resumptions_total": "resumptions",
+               "vlite:num_preemptions_in_prefill_total": "preemptions_in_prefill",
                "vlite:prefix_cache_hits_total": "prefix_hit_tokens", "vlite:forks_total": "forks",
                "vlite:copy_on_write_total": "copy_on_write", "vlite:beam_prunes_total": "beam_prunes"}
     out: dict = {k: {} for k, _ in labelled.values()} | {k: 0 for k in scalars.values()}
