@@ -18,7 +18,7 @@ import httpx
 from vlite.diagnostics.targets.prom import labelled_values
 
 VLITE = [str(Path(sys.executable).parent / "vlite")]
-STARTUP_TIMEOUT_S = 120.0  # imports + model load on a busy 2-core machine
+STARTUP_TIMEOUT_S = 300.0  # imports + model load (+ the first C++ kernel build) on a busy 2-core machine
 DRAIN_TIMEOUT_S = 15.0
 
 

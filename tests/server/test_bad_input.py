@@ -97,6 +97,13 @@ def test_unknown_model_gives_a_clear_error():
         resolve_model("meta-llama/Llama-3-8B")
 
 
+def test_a_file_that_is_not_a_model_is_named_as_such(tmp_path):
+    not_a_model = tmp_path / "README.md"
+    not_a_model.write_text("# hello\n")
+    with pytest.raises(ModelNotFoundError, match="is a file but not a .gguf model"):
+        resolve_model(str(not_a_model))
+
+
 def test_cli_reports_bad_input_with_exit_code_2():
     runner = CliRunner()
     res = runner.invoke(app, ["generate", "hi", "--model", "/nonexistent/model"])

@@ -83,6 +83,10 @@ def resolve_model(model: str) -> ResolvedModel:
         raise ModelNotFoundError(
             f"{path} has no config.json and {'several' if ggufs else 'no'} .gguf files; a model directory "
             "needs config.json, *.safetensors and tokenizer files")
+    if path.is_file():
+        raise ModelNotFoundError(
+            f"{path} is a file but not a .gguf model; pass a local Hugging Face directory (config.json + "
+            "*.safetensors + tokenizer) or a .gguf file")
     raise ModelNotFoundError(
         f"model {model!r} not found: no model hub is reachable here. Pass a local Hugging Face "
         f"directory (config.json + *.safetensors + tokenizer), a .gguf file, or {DEFAULT_MODEL!r} "
