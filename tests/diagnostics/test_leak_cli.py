@@ -53,6 +53,8 @@ def test_usage_errors_exit_2(tiny_model_dir, tmp_path):
     assert _invoke("--scenario", "nope", "--model", tiny_model_dir).exit_code == 2
     assert _invoke("--workload", tmp_path / "missing.jsonl").exit_code == 2
     assert _invoke("--abort-rate", 2).exit_code == 2
+    res = _invoke("--url", "http://127.0.0.1:1", "--trace-allocations")
+    assert res.exit_code == 2 and "in-process replay only" in res.output
 
 
 def test_all_scenarios_pass_on_a_clean_engine(tiny_model_dir):

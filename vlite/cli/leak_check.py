@@ -110,6 +110,10 @@ def leak_check(
     job: str | None = typer.Option(None, "--job", help="--prometheus: the scrape job of the inference server."),
     since: str = typer.Option("6h", "--since", help="--prometheus: how far back, e.g. 90s, 30m, 6h, 2d."),
     instance: str | None = typer.Option(None, "--instance", help="--prometheus: the job's instance, when it has several."),
+    trace_allocations: bool = typer.Option(False, "--trace-allocations",
+                                           help="In process: trace Python allocations over the replay (tracemalloc) "
+                                                "and name the sites that kept growing between the idle points "
+                                                "(HOST-LEAK attribution; slows the replay about 1.7x)."),
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
@@ -131,6 +135,9 @@ def leak_check(
         common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
+    if trace_allocations and (url or watch or prometheus or from_log is not None or scenario):
+        common.fail("--trace-allocations traces this process's allocations: it applies to the in-process replay "
+                    "only (not --url, --watch, --prometheus, --from-log or --scenario)")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     interval_s = sample_interval_ms / 1000.0
@@ -201,7 +208,7 @@ def leak_check(
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
                       seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
-                      zombie_options=zombie_options, info=info)
+                      zombie_options=zombie_options, info=info, trace_allocations=trace_allocations)
     if url:
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:

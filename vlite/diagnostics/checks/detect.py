@@ -154,6 +154,9 @@ class Findings:
             grow = self.host_memory["growing"]
             what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
                     else f"RssAnon + VmSwap +{self.host_memory['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
+            sites = (self.host_memory.get("allocation_sites") or {}).get("sites")
+            if sites:
+                what += f"; top growing allocation site {sites[0]['site']} +{sites[0]['bytes_per_request']:.0f} B/request"
             return (f"HOST-LEAK: host memory keeps growing past warm-up ({what}); KV blocks and per-request "
                     "state are clean" + (f"; {zombie_part}" if zombie_part else ""))
         if not self.leak and self.zombie:

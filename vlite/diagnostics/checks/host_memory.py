@@ -155,4 +155,14 @@ def lines(result: dict | None) -> list[str]:
                }[result["verdict"]]
     if result["verdict"] != "HOST-LEAK" or not result["growing"]:
         out.append(verdict)
+    trace = result.get("allocation_sites")
+    if trace and trace["sites"]:
+        out.append(f"host memory: Python allocation sites that grew from {trace['from_requests']} to "
+                   f"{trace['to_requests']} requests served (tracemalloc): " + "; ".join(
+                       f"{s['site']} +{s['bytes_diff'] / 1024:.1f} KiB in {s['count_diff']:+d} blocks, "
+                       f"{s['bytes_per_request']:.0f} B/request" for s in trace["sites"])
+                   + " (the engine's bounded histories, such as the ledger's release records, grow on clean runs "
+                   "too until they reach their bounds)")
+    elif trace is not None:
+        out.append("host memory: no Python allocation site grew between the idle points (tracemalloc)")
     return out

@@ -74,6 +74,8 @@ class TargetPlan:
         on_line: called with each progress line (what the run does, watch idle points, alerts).
         on_report: called with the run so far at each checkpoint (a watch's idle points), so that
             a report directory stays current while the run goes on.
+        trace_allocations: the in-process target traces Python allocations over the replay
+            (``alloc_trace.py``).
     """
 
     specs: list[RequestSpec] = field(default_factory=list)
@@ -88,6 +90,7 @@ class TargetPlan:
     info: dict = field(default_factory=dict)
     on_line: Callable[[str], None] = _silent
     on_report: Callable[[TargetRun], None] | None = None
+    trace_allocations: bool = False
 
     def wave_size(self) -> int:
         """Requests per wave for this plan's specs (``default_wave``)."""

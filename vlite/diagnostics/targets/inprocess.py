@@ -22,6 +22,7 @@ from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
@@ -262,8 +263,13 @@ class InProcessClient:
 
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
                    sample_interval_s: float = 0.1, info: dict | None = None,
-                   zombie_options: dict | None = None, stop: threading.Event | None = None) -> RunResult:
+                   zombie_options: dict | None = None, stop: threading.Event | None = None,
+                   trace_allocations: bool = False) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
+
+    ``trace_allocations``: run ``tracemalloc`` over the replay and add the Python allocation
+    sites that grew from the second idle point to the last to the host-memory findings
+    (``alloc_trace.py``; it slows the replay).
 
     The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
@@ -285,23 +291,34 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
     pids = [os.getpid(), *facts.worker_pids]
 
+    tracer = AllocationTrace() if trace_allocations else None
+
     def probe() -> tuple[int, int | None, dict]:
         # an idle point: the census walk for container sizes (host_memory.py), ms per call
+        if tracer is not None:
+            tracer.idle_point()
         host = {"anon_swap_bytes": anon_swap_bytes(pids),
                 "containers": dict(view.request_census(()).container_sizes)}
         return view.stats().num_used_blocks, memory.read().get("rss_bytes"), host
 
     t0 = time.time()
+    replay: ReplayResult | None = None
+    if tracer is not None:
+        tracer.start()
     try:
         replay = InProcessClient(engine, probe, view=view).replay(specs, max_concurrency, idle_every, stop=stop)
     finally:
         sampler.stop()
+        completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []
+        growth = tracer.stop(completed) if tracer is not None else None
     sampler.sample()  # the drained state, after the last step
     snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
     findings.census = census_findings(view, replay.requests)
     findings.host_memory = host_memory_check(replay.idle_points)
+    if growth is not None:
+        findings.host_memory["allocation_sites"] = growth
     findings.notes.extend(replay.notes)
     findings.interrupted = replay.interrupted
     if memory.note:
@@ -352,5 +369,6 @@ class InProcessTarget:
         plan.on_line(f"leak-check: {n} request{'s' if n != 1 else ''} on {self.describe()}, "
                      f"{self.view.stats().num_total_blocks} KV blocks, abort rate {plan.abort_rate} "
                      f"({plan.abort_mode}); Ctrl-C stops early and still writes the report")
-        run = run_in_process(self.engine, plan.specs, stop=stop, **plan.replay_options())
+        run = run_in_process(self.engine, plan.specs, stop=stop, trace_allocations=plan.trace_allocations,
+                             **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)
