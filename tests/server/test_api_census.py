@@ -93,14 +93,14 @@ def test_a_clean_server_holds_no_ended_request_on_either_side(tiny_checkpoint):
 
     def idle_points_need_no_http_request_in_flight(app) -> None:
         state, census = app.state.server, app.state.server.census
-        taken = census.taken_at
-        state.engine.num_ended += 1  # as if one more request had ended
+        taken = census.census.taken_at
+        state.engine.ended.total += 1  # as if one more request had ended
         state.requests_in_flight = 1  # a request still being answered (a /metrics scrape does not count)
-        assert census.pending == 1 and not census.idle() and not census.maybe_run() and census.taken_at == taken
+        assert census.pending == 1 and not census.idle() and not census.maybe_run() and census.census.taken_at == taken
         state.requests_in_flight = 0
         assert census.idle()
-        census._last -= 10  # the interval has passed
-        assert census.maybe_run() and census.pending == 0 and census.taken_at != taken
+        census.census._last -= 10  # the interval has passed
+        assert census.maybe_run() and census.pending == 0 and census.census.taken_at != taken
 
     doc, page = _run(_serve_requests(app, [["c-1", "c-2"]], then=idle_points_need_no_http_request_in_flight))
     for side in ("api_server", "engine"):

@@ -9,8 +9,9 @@ an element or an attribute. Each hit is named by its attribute path from the roo
 ``engine.output_processor.holdback['lc-00017']``.
 
 Why walk references rather than ``gc.get_objects()``: objects that ``gc.freeze()`` moved to the
-permanent generation are missing from ``gc.get_objects()`` and from tracemalloc's growth diffs
-(that is how vLLM's ``new_block_ids`` list, vllm#44175, hid for months); references reach them.
+permanent generation are missing from ``gc.get_objects()`` (that is how vLLM's ``new_block_ids``
+list, vllm#44175, hid for months); references reach them (and tracemalloc still traces what they
+allocate: ``leak-check --trace-allocations``).
 
 Bounded histories kept on purpose (the finished-request records kept for attribution, the
 release history) are passed in ``skip`` and not entered. Tensors, modules, classes, functions and
@@ -25,9 +26,14 @@ from __future__ import annotations
 
 import collections
 import gc
+import logging
+import os
+import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+logger = logging.getLogger("vlite.engine")
 
 # When a serving process runs its census (``EngineLoop`` in the engine's process, the API server's
 # ``vlite.entrypoints.census``): at idle points, at most this often (s), over at most this many
@@ -260,3 +266,79 @@ def module_roots(prefixes: tuple[str, ...] = ENGINE_MODULES, exclude: tuple[str,
             elif isinstance(value, (dict, list, set, collections.deque)) and not attr.startswith("__"):
                 roots[f"{name}.{attr}"] = value
     return roots
+
+
+class EndedRequests:
+    """The requests that ended in one serving process's view: the ids of the last
+    ``ENDED_HISTORY`` (what its census looks for) and how many ended in all (``total``)."""
+
+    def __init__(self, maxlen: int = ENDED_HISTORY) -> None:
+        self.ids: collections.deque[str] = collections.deque(maxlen=maxlen)
+        self.total = 0
+
+    def record(self, request_id: str) -> None:
+        self.ids.append(request_id)
+        self.total += 1
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.ids  # a scan: for the rare refused add, never per token
+
+
+class IdleCensus:
+    """One serving process's request-id census at its idle points: whether one is due, and the
+    last result with its cost. The engine loop (``process="engine"``) and the API server
+    (``"api_server"``) each hold one over their own ``EndedRequests``; each decides what an idle
+    point is and what to walk.
+
+    Attributes:
+        result: the last census (None before the first); held_counts: its container path ->
+        ended requests held; elapsed_ms: its cost (ms); taken_at: when (s since the epoch).
+    """
+
+    def __init__(self, process: str, ended: EndedRequests) -> None:
+        self.process = process
+        self.ended = ended
+        self.result: CensusResult | None = None
+        self.held_counts: dict[str, int] = {}
+        self.elapsed_ms: float | None = None
+        self.taken_at: float | None = None
+        self._total_at_last = 0  # ended.total when the last census started
+        self._last = float("-inf")  # time.monotonic() of the last census
+
+    @property
+    def pending(self) -> int:
+        """Requests ended since the last census (0: its counts are current)."""
+        return self.ended.total - self._total_at_last
+
+    def due(self) -> bool:
+        """Requests ended since the last census and ``CENSUS_INTERVAL_S`` has passed (the caller
+        also checks that this is an idle point)."""
+        return bool(self.pending) and time.monotonic() - self._last >= CENSUS_INTERVAL_S
+
+    def run(self, walk: Callable[[set[str], list[object]], CensusResult]) -> CensusResult | None:
+        """Walk now: ``walk(ended ids, skip)`` is the process's ``request_census`` call, and must
+        not enter ``skip`` (this census and its record of ended ids, which name every ended id).
+        A failing walk is logged, never raised (a diagnostic must not stop a server); either way
+        the requests ended so far count as censused. Returns the result, or None if it failed."""
+        total = self.ended.total  # before the ids: a request ending during the walk stays pending
+        t0 = time.perf_counter()
+        try:
+            result = walk(set(self.ended.ids), [self, self.ended])
+        except Exception:  # noqa: BLE001
+            logger.exception("%s request-id census failed", self.process)
+            result = None
+        else:
+            self.result, self.held_counts = result, {h.path: len(h.request_ids) for h in result.held}
+            self.elapsed_ms, self.taken_at = round((time.perf_counter() - t0) * 1e3, 2), time.time()
+        self._total_at_last, self._last = total, time.monotonic()
+        return result
+
+    def document(self) -> dict:
+        """The last census for ``/debug/census``: ``process``, ``pid``, ``taken_at`` (s since the
+        epoch; None before the first), ``elapsed_ms``, ``pending``, ``held`` (each container's path,
+        kind, type, request ids and entries), ``objects_visited``, ``truncated``."""
+        doc = {"process": self.process, "pid": os.getpid(), "taken_at": self.taken_at,
+               "elapsed_ms": self.elapsed_ms, "pending": self.pending}
+        if self.result is None:
+            return doc | {"held": [], "objects_visited": 0, "truncated": False}
+        return doc | self.result.to_dict()

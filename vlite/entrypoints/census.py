@@ -26,14 +26,16 @@ the loop's leaves ``API_SERVER_MODULES`` to this one.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import time
 from typing import Any, Protocol
 
-from vlite.engine import API_SERVER_MODULES, CENSUS_INTERVAL_S, CensusResult, module_roots, request_census
-
-logger = logging.getLogger("vlite.server")
+from vlite.engine import (
+    API_SERVER_MODULES,
+    CensusResult,
+    EndedRequests,
+    IdleCensus,
+    module_roots,
+    request_census,
+)
 
 PATH_PREFIX = "api_server."
 CENSUS_POLL_S = 0.2  # how often the event loop looks for an idle point (a few attribute reads)
@@ -43,7 +45,7 @@ class _ServerView(Protocol):
     """What the census reads of the server's state (``state.ServerState``, which holds the census)."""
 
     status: str
-    engine: Any  # the async client (``_AsyncClient``: ended, num_ended, is_idle, census_skip()) or None
+    engine: Any  # the async client (``_AsyncClient``: ended, is_idle, census_skip()) or None
     requests_in_flight: int
 
 
@@ -55,25 +57,31 @@ class ApiServerCensus:
             loaded; before that there is nothing to walk).
         app: the ASGI app (its routes and middleware stack are walked).
 
-    ``result`` is the last census (None before the first); ``held_counts()`` and ``pending`` feed
-    ``/metrics``, ``document()`` feeds ``/debug/census``.
+    The bookkeeping (when one is due, the last result, its cost) is an ``IdleCensus`` over the
+    async client's ``EndedRequests``; ``held_counts()`` and ``pending`` feed ``/metrics``,
+    ``document()`` feeds ``/debug/census``.
     """
 
     def __init__(self, state: _ServerView, app: object) -> None:
         self.state = state
         self.app = app
-        self.result: CensusResult | None = None
-        self.elapsed_ms: float | None = None  # the last walk's cost
-        self.taken_at: float | None = None  # wall clock of the last walk (s since the epoch)
-        self._held_counts: dict[str, int] = {}
-        self._num_ended_at_census = 0
-        self._last = float("-inf")  # time.monotonic() of the last walk
+        self._census: IdleCensus | None = None
+
+    @property
+    def census(self) -> IdleCensus | None:
+        """The ``IdleCensus`` over the loaded async client's ended requests (None before the load)."""
+        client = self.state.engine
+        if client is None:
+            return None
+        if self._census is None or self._census.ended is not client.ended:
+            self._census = IdleCensus("api_server", client.ended)
+        return self._census
 
     @property
     def pending(self) -> int:
         """Requests that ended in the async client's view since the last census (0: it is current)."""
-        client = self.state.engine
-        return 0 if client is None else client.num_ended - self._num_ended_at_census
+        census = self.census
+        return 0 if census is None else census.pending
 
     def idle(self) -> bool:
         """True at an idle point: the server is ready, the async client has no request in flight,
@@ -83,59 +91,46 @@ class ApiServerCensus:
                 and self.state.requests_in_flight == 0)
 
     def maybe_run(self) -> bool:
-        """Run the census if this is an idle point, requests ended since the last one and
-        ``CENSUS_INTERVAL_S`` has passed; True if it ran. A failing walk is logged, never raised."""
-        if not self.pending or not self.idle() or time.monotonic() - self._last < CENSUS_INTERVAL_S:
+        """Run the census if this is an idle point and one is due (``IdleCensus.due``: requests
+        ended since the last one, ``CENSUS_INTERVAL_S`` passed); True if it ran. A failing walk is
+        logged, never raised."""
+        census = self.census
+        if census is None or not census.due() or not self.idle():
             return False
-        try:
-            self.run()
-        except Exception:  # noqa: BLE001 - a diagnostic must not stop the server
-            logger.exception("API server request-id census failed")
-            self._last = time.monotonic()
+        census.run(self._walk)
         return True
 
-    def run(self) -> CensusResult:
-        """Walk now (whatever the server is doing) and keep the result.
-
-        Roots: the async client (``api_server.client``), the server state (``api_server.state``),
-        the app (``api_server.app``) and the module- and class-level containers of
-        ``API_SERVER_MODULES`` (``api_server.<module>.<name>``). Not entered: this census, the
-        client's record of ended ids and what the engine's census walks (``client.census_skip()``).
+    def run(self) -> CensusResult | None:
+        """Walk now (whatever the server is doing) and keep the result (None if the walk failed).
 
         Raises:
             RuntimeError: the model is not loaded yet (no async client).
         """
-        client = self.state.engine
-        if client is None:
+        census = self.census
+        if census is None:
             raise RuntimeError("the API server census needs the loaded engine's async client")
-        num_ended = client.num_ended  # before the ids: a request ending during the walk stays pending
-        ended = set(client.ended)
+        return census.run(self._walk)
+
+    def _walk(self, ended: set[str], skip: list[object]) -> CensusResult:
+        """Roots: the async client (``api_server.client``), the server state (``api_server.state``),
+        the app (``api_server.app``) and the module- and class-level containers of
+        ``API_SERVER_MODULES`` (``api_server.<module>.<name>``). Not entered: ``skip``, this object
+        and what the engine's census walks (``client.census_skip()``)."""
+        client = self.state.engine
         roots: dict[str, object] = {f"{PATH_PREFIX}client": client, f"{PATH_PREFIX}state": self.state,
                                     f"{PATH_PREFIX}app": self.app}
         roots.update({PATH_PREFIX + name: value for name, value in module_roots(API_SERVER_MODULES).items()})
-        t0 = time.perf_counter()
-        result = request_census(roots, ended, skip=[self, *client.census_skip()])
-        self.elapsed_ms = round((time.perf_counter() - t0) * 1e3, 2)
-        self.taken_at = time.time()
-        self.result = result
-        self._held_counts = {h.path: len(h.request_ids) for h in result.held}
-        self._num_ended_at_census = num_ended
-        self._last = time.monotonic()
-        return result
+        return request_census(roots, ended, skip=[*skip, self, *client.census_skip()])
 
     def held_counts(self) -> dict[str, int]:
         """Container path -> ended requests it held at the last census (empty: none held)."""
-        return self._held_counts
+        census = self.census
+        return {} if census is None else census.held_counts
 
     def document(self) -> dict:
-        """The last census for ``/debug/census``: ``process`` ("api_server"), ``pid``, ``taken_at``
-        (s since the epoch; None before the first), ``elapsed_ms``, ``pending``, ``held`` (each
-        container's path, kind, type, request ids and entries), ``objects_visited``, ``truncated``."""
-        doc = {"process": "api_server", "pid": os.getpid(), "taken_at": self.taken_at,
-               "elapsed_ms": self.elapsed_ms, "pending": self.pending}
-        if self.result is None:
-            return doc | {"held": [], "objects_visited": 0, "truncated": False}
-        return doc | self.result.to_dict()
+        """The last census for ``/debug/census`` (``IdleCensus.document``, process "api_server")."""
+        census = self.census
+        return census.document() if census is not None else IdleCensus("api_server", EndedRequests()).document()
 
     async def serve(self, poll_s: float = CENSUS_POLL_S) -> None:
         """Look for an idle point every ``poll_s`` s and run the census there, until cancelled."""

@@ -12,7 +12,7 @@ If the engine loop ends unexpectedly (the core process died, or a tensor-paralle
 failed), every request in flight gets a RuntimeError, new requests get EngineNotRunningError,
 and ``on_death(message)`` is called on the event loop (``vlite serve`` exits non-zero).
 
-The client keeps the ids of the last ``ENDED_HISTORY`` requests that ended in its view (a final
+The client keeps the ids of the last ``census.ENDED_HISTORY`` requests that ended in its view (a final
 output, an error, a refused add, the loop's end): what the API server's request-id census
 (``vlite.entrypoints.census``) looks for in this process at its idle points.
 """
@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
-from vlite.engine.census import ENDED_HISTORY
+from vlite.engine.census import EndedRequests
 from vlite.engine.config import EngineConfig
 from vlite.engine.core.structured_output import StructuredOutputManager
 from vlite.engine.metrics import EngineStats
@@ -55,9 +54,8 @@ class _AsyncClient:
         self._pending: dict[int, asyncio.Future] = {}  # add and query ids -> their futures
         self._adding: dict[int, RequestStreamGroup] = {}  # add id -> the group it adds
         self._ids = itertools.count()
-        # ids of requests that ended in this client's view (bounded): the API server's census looks for them
-        self.ended: deque[str] = deque(maxlen=ENDED_HISTORY)
-        self.num_ended = 0  # requests ended since start (the census's pending count is a difference)
+        # requests that ended in this client's view: the API server's census looks for them
+        self.ended = EndedRequests()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self._stopping = False
@@ -174,7 +172,7 @@ class _AsyncClient:
                 self._notify(out)
                 group = self._groups.get(out.request_id) if deliver else None
                 if out.finished:
-                    self._record_ended(out.request_id)
+                    self.ended.record(out.request_id)
                 if group is not None:
                     if out.finished:
                         self._groups.pop(out.request_id, None)
@@ -191,16 +189,12 @@ class _AsyncClient:
                 elif group is not None:  # refused: those the loop had added sent a final "out" already
                     for rid in group.request_ids:
                         if rid not in self.ended:
-                            self._record_ended(rid)
+                            self.ended.record(rid)
                 fut = self._pending.pop(ev[1], None)
                 if fut is not None:
                     value, exc = (None, ev[2]) if kind == "added" else (ev[2], ev[3])
                     calls.append((_set_future, (fut, value, exc)))
         self._post_all(calls)
-
-    def _record_ended(self, request_id: str) -> None:
-        self.ended.append(request_id)
-        self.num_ended += 1
 
     def _notify(self, out: RequestOutput) -> None:
         """Hand ``out`` to ``on_output`` (metrics); a failing callback is logged, never fatal."""
@@ -231,7 +225,7 @@ class _AsyncClient:
         if died:
             logger.error("%s; failing %d request(s) in flight", message, len(self._groups))
         for rid, group in list(self._groups.items()):
-            self._record_ended(rid)
+            self.ended.record(rid)
             group._deliver(rid, RuntimeError(message) if died else EngineNotRunningError("the engine has stopped"))
         self._groups.clear()
         for fut in list(self._pending.values()):

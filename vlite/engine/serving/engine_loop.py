@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vlite.engine.census import CENSUS_INTERVAL_S, ENDED_HISTORY, CensusResult
+from vlite.engine.census import EndedRequests, IdleCensus
 from vlite.engine.core.sequence import FinishReason
 from vlite.engine.introspection import blocks_document
 from vlite.engine.metrics import EngineStats, StatsLogger
@@ -103,15 +101,10 @@ class EngineLoop:
         self._live: dict[str, _LiveRequest] = {}
         self._events: list[Event] = []
         self._stats_logger = StatsLogger(logger, log_stats_interval) if log_stats else None
-        # ids of requests that ended (bounded): what the census looks for at idle points
-        self._ended: deque[str] = deque(maxlen=ENDED_HISTORY)
-        self._num_ended = self._num_ended_at_census = 0
-        self._last_census = 0.0
-        self.census: CensusResult | None = None
+        # the requests that ended here, and the census that looks for them at idle points
+        self._ended = EndedRequests()
+        self.census = IdleCensus("engine", self._ended)
         self.census_exclude_modules = census_exclude_modules
-        self._census_elapsed_ms: float | None = None
-        self._census_taken_at: float | None = None  # wall clock (s since the epoch)
-        self._held_counts: dict[str, int] = {}  # the census's path -> ended requests held, for the stats
 
     @property
     def num_live(self) -> int:
@@ -198,7 +191,7 @@ class EngineLoop:
         entry = self._live.pop(request_id, None)
         if entry is None:
             return  # already finished (or never added): nothing to free
-        self._record_ended(request_id)
+        self._ended.record(request_id)
         try:
             self.engine.abort(request_id)
         except Exception:
@@ -237,7 +230,7 @@ class EngineLoop:
                 live.last = out
                 if out.finished:
                     del self._live[out.request_id]
-                    self._record_ended(out.request_id)
+                    self._ended.record(out.request_id)
             self._events.append(("out", out, live is not None))
 
     def _engine_died(self) -> bool:
@@ -256,55 +249,34 @@ class EngineLoop:
     def stats_with_census(self) -> EngineStats:
         """The engine's stats with the last census's counts (``EngineStats.ended_requests_held``)."""
         stats = self.engine.stats()
-        pending = self._num_ended - self._num_ended_at_census
-        if not isinstance(stats, EngineStats) or not (self._held_counts or pending):
+        held, pending = self.census.held_counts, self.census.pending
+        if not isinstance(stats, EngineStats) or not (held or pending):
             return stats  # nothing to add (or a test double's stats): no copy on every publish
-        return dataclasses.replace(stats, ended_requests_held=self._held_counts, census_pending=pending)
+        return dataclasses.replace(stats, ended_requests_held=held, census_pending=pending)
 
     # ---- the request-id census ----------------------------------------------------------------
-    def _record_ended(self, request_id: str) -> None:
-        self._ended.append(request_id)
-        self._num_ended += 1
-
     def _maybe_census(self) -> None:
-        """At an idle point (nothing in flight), when requests ended since the last census and at
-        most every ``CENSUS_INTERVAL_S``: walk the engine and this loop for containers that still
-        hold ended requests (``EngineView.request_census``), and publish the counts at once with
-        the stats, in a batch of its own (a "census" event: an idle engine core sends no empty
-        batch), so ``vlite:ended_requests_held`` in /metrics is current within the interval.
-        Costs ms; never inside a step."""
-        if self._live or self._num_ended == self._num_ended_at_census or self.engine.has_unfinished_requests():
+        """At an idle point (nothing in flight), when the census is due (``IdleCensus.due``): walk
+        the engine and this loop for containers that still hold ended requests
+        (``EngineView.request_census``), and publish the counts at once with the stats, in a
+        batch of its own (a "census" event: an idle engine core sends no empty batch), so
+        ``vlite:ended_requests_held`` in /metrics is current within the interval. Costs ms;
+        never inside a step."""
+        if self._live or not self.census.due() or self.engine.has_unfinished_requests():
             return
         if not hasattr(self.engine, "scheduler"):  # a test double: nothing to walk
             return
-        if time.monotonic() - self._last_census < CENSUS_INTERVAL_S:
-            return
         from vlite.engine.introspection import EngineView
 
-        t0 = time.perf_counter()
-        try:
-            # the last result is not entered: it names the ended ids it found
-            self.census = EngineView(self.engine, self).request_census(
-                set(self._ended), skip=[self._ended, self.census], exclude_modules=self.census_exclude_modules)
-            self._held_counts = {h.path: len(h.request_ids) for h in self.census.held}
-            self._census_elapsed_ms = round((time.perf_counter() - t0) * 1e3, 2)
-            self._census_taken_at = time.time()
-        except Exception:  # noqa: BLE001 - a diagnostic must not stop the serving loop
-            logger.exception("request-id census failed")
-        self._num_ended_at_census, self._last_census = self._num_ended, time.monotonic()
+        view = EngineView(self.engine, self)
+        self.census.run(lambda ended, skip: view.request_census(
+            ended, skip=skip, exclude_modules=self.census_exclude_modules))
         self._events.append(("census",))  # the counts go out now, with the stats of this batch
         self._publish()
 
     def census_document(self) -> dict:
-        """The last census for ``/debug/census``: ``process`` ("engine"), ``pid``, ``taken_at``
-        (s since the epoch; None before the first), ``elapsed_ms`` (its cost), ``pending`` (requests
-        ended since), ``held`` (each container's path, kind and request ids), ``objects_visited``,
-        ``truncated``."""
-        doc = {"process": "engine", "pid": os.getpid(), "taken_at": self._census_taken_at,
-               "elapsed_ms": self._census_elapsed_ms, "pending": self._num_ended - self._num_ended_at_census}
-        if self.census is None:
-            return doc | {"held": [], "objects_visited": 0, "truncated": False}
-        return doc | self.census.to_dict()
+        """The last census for ``/debug/census`` (``IdleCensus.document``, process "engine")."""
+        return self.census.document()
 
     def _maybe_log_stats(self) -> None:
         if self._stats_logger is not None:
