@@ -6,11 +6,10 @@ fixtures; fake HTTP servers for the /slots and /prometheus/metrics paths."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from fake_http import QuietHandler, ServerPool
 
 from vlite.diagnostics.targets.adapters import (
     ADAPTERS,
@@ -78,39 +77,22 @@ def test_llamacpp_reads_kv_occupancy_from_slots():
         slots_occupancy({"error": "slots disabled"})
 
 
-class _Fake(BaseHTTPRequestHandler):
+class _Fake(QuietHandler):
     pages: dict = {}
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path not in self.pages:
-            self.send_response(404)
-            self.end_headers()
+            self.reply(404)
             return
         ctype, body = self.pages[self.path]
-        data = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, body, ctype)
 
 
 @pytest.fixture
 def fake():
-    servers = []
-
-    def start(pages: dict) -> str:
-        handler = type("H", (_Fake,), {"pages": pages})
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_port}"
-    yield start
-    for s in servers:
-        s.shutdown()
+    pool = ServerPool()
+    yield lambda pages: pool.start(type("H", (_Fake,), {"pages": pages}))
+    pool.close()
 
 
 def test_llamacpp_connection_scrapes_slots_beside_metrics(fake):

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from fake_http import QuietHandler, ServerPool
 from serve_harness import ServerProcess, free_port, running
 
 from vlite.diagnostics.targets.blackbox import run_blackbox, split_waves
@@ -95,45 +94,27 @@ def test_blackbox_clean_server_with_api_key_and_cli_bad_key(clean_with_key, tmp_
     assert rep["verdict"] == "CLEAN" and rep["drain"]["residual"] == 0 and (tmp_path / "r" / "report.html").is_file()
 
 
-class _Fake(BaseHTTPRequestHandler):
+class _Fake(QuietHandler):
     metrics = ""
     content_type = "text/plain"
 
     def do_GET(self):  # noqa: N802 - http.server's spelling
-        body = (b"ok" if self.path == "/health" else self.metrics.encode() if self.path == "/metrics" else b"{}")
-        self.send_response(200)
-        self.send_header("Content-Type", self.content_type if self.path == "/metrics" else "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        if self.path == "/metrics":
+            self.reply(200, self.metrics, self.content_type)
+        else:
+            self.reply(200, b"ok" if self.path == "/health" else b"{}")
 
     def do_POST(self):  # noqa: N802
-        body = json.dumps({"choices": [{"text": "x", "finish_reason": "length"}], "usage": {}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, json.dumps({"choices": [{"text": "x", "finish_reason": "length"}], "usage": {}}),
+                   "application/json")
 
 
 @pytest.fixture
 def fake_server():
-    servers = []
-
-    def start(metrics: str, content_type: str = "text/plain") -> str:
-        handler = type("H", (_Fake,), {"metrics": metrics, "content_type": content_type})
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    pool = ServerPool()
+    yield lambda metrics, content_type="text/plain": pool.start(
+        type("H", (_Fake,), {"metrics": metrics, "content_type": content_type}))
+    pool.close()
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -176,7 +157,7 @@ def stepping_server():
     after a workload request they freeze 3 blocks above what is really held, with 0 running; a
     1-token probe makes it step and the gauges read what is held. Each workload request leaves
     ``leak_per_request`` blocks held."""
-    servers = []
+    pool = ServerPool()
 
     def start(leak_per_request: int) -> str:
         state = {"shown": 0, "held": 0}
@@ -195,15 +176,10 @@ def stepping_server():
                     state["shown"] = state["held"] + 3
                 super().do_POST()
 
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
+        return pool.start(H)
 
     yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    pool.close()
 
 
 def test_probe_unfreezes_stale_gauges_and_a_real_residual_stays(stepping_server):

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
+from fake_http import QuietHandler, ServerPool
 
 from vlite.diagnostics.targets.prometheus_range import PrometheusError, judge_range, pages_from_matrix, parse_since
 
@@ -99,29 +98,21 @@ def test_pages_from_matrix_groups_by_step_and_drops_prometheus_labels():
 def test_cli_prometheus_against_a_fake_api_server(tmp_path):
     rec = _recorded("vlite-leak")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             path = urlparse(self.path).path
             body = next((c["body"] for c in rec["calls"] if c["path"] == path), {"status": "error"})
-            data = json.dumps(body).encode()
-            self.send_response(200 if body.get("status") == "success" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200 if body.get("status") == "success" else 404, json.dumps(body), "application/json")
 
-        def log_message(self, *args):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    pool = ServerPool()
+    url = pool.start(Handler)
     try:
         # the fake answers the recorded range whatever start and end the CLI asks for
-        p = subprocess.run([VLITE, "leak-check", "--prometheus", f"http://127.0.0.1:{srv.server_port}", "--job",
+        p = subprocess.run([VLITE, "leak-check", "--prometheus", url, "--job",
                             "vlite-leak", "--since", rec["since"], "--interval", "1", "--report", str(tmp_path / "r")],
                            capture_output=True, text=True, timeout=120)
     finally:
-        srv.shutdown()
+        pool.close()
     assert p.returncode == 1, p.stdout + p.stderr
     assert "ALERT kv-held" in p.stdout and "verdict: LEAK" in p.stdout
     assert (tmp_path / "r" / "report.md").read_text().count("**LEAK**") == 1

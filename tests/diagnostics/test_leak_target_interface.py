@@ -9,12 +9,12 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import make_engine
+from fake_http import ServerPool
 from rich.console import Console
 from serve_harness import ServerProcess, running
 from test_leak_blackbox import _Fake, _vllm_page, stepping_server  # noqa: F401 (a fixture)
@@ -117,11 +117,9 @@ def test_prometheus_target_on_a_recorded_range(tmp_path):
 
 @pytest.fixture
 def idle_vllm():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Fake,), {"metrics": _vllm_page(0)}))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    pool = ServerPool()
+    yield pool.start(type("H", (_Fake,), {"metrics": _vllm_page(0)}))
+    pool.close()
 
 
 def test_watch_target_on_a_fake_idle_server(idle_vllm, tmp_path):
