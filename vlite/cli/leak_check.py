@@ -113,7 +113,7 @@ def leak_check(
     trace_allocations: bool = typer.Option(False, "--trace-allocations",
                                            help="In process: trace Python allocations over the replay (tracemalloc) "
                                                 "and name the sites that kept growing between the idle points "
-                                                "(HOST-LEAK attribution; slows the replay about 1.7x)."),
+                                                "(HOST-LEAK attribution; the replay takes about 10% longer)."),
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
