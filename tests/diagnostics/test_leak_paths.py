@@ -306,7 +306,7 @@ def test_rss_trend_skips_warm_up_stays_informational_and_survives_rich_markup():
     t = rss_trend(warm)
     assert t.n == 5 and t.baseline == 200_000_200 and not t.rising  # the warm-up jump is not a trend
     flat = trend_line(t)
-    assert flat.endswith("[informational: the verdict rests on blocks]") and "rising" not in flat
+    assert flat.endswith("[informational; the host-memory verdict fits the later half]") and "rising" not in flat
     assert "baseline 190.7 MiB -> last 190.7 MiB" in flat and "KiB/request" in flat  # not raw byte counts
     assert flat.startswith("process RSS (rss_bytes) at idle troughs") and "R^2" in flat
     from vlite.diagnostics.checks.detect import trough_trend

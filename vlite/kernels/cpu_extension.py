@@ -5,7 +5,7 @@ packed-weight GEMM of the linear layers (``cpu_gemm.cpp``), greedy sampling's ar
 
 torch's ``cpp_extension`` compiles the sources with the machine's own vector instructions
 (``-march=native``) into torch's extension cache (``$TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``); the first build takes 30-120 s (the packed GEMM is most of it), later processes load it in
+``~/.cache/torch_extensions``); the first build takes 30-150 s (the packed GEMM is most of it), later processes load it in
 well under a second. The build needs a C++ compiler and ninja (a dependency of vlite). When it
 cannot be built, ``load()`` logs why once and returns None, and every caller falls back to its
 torch path.
@@ -73,7 +73,7 @@ def _build():
         from torch.utils.cpp_extension import load as load_extension
 
         if not _already_built(name):  # a first start would otherwise look like a slow model load
-            logger.warning("building the C++ CPU kernels (once per machine and venv, 30-120 s) ...")
+            logger.warning("building the C++ CPU kernels (once per machine and venv, 30-150 s) ...")
         with _venv_ninja_first(), build_lock(_build_directory(name)):
             return load_extension(name=name, sources=[str(p) for p in SOURCES],
                                   extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
@@ -107,7 +107,7 @@ def _venv_ninja_first():
             os.environ["PATH"] = old_path
 
 
-BUILD_LOCK_WAIT_S = 900.0  # another process's build of the same kernels; a cold build takes 30-120 s
+BUILD_LOCK_WAIT_S = 900.0  # another process's build of the same kernels; a cold build takes 30-150 s
 
 
 @contextlib.contextmanager

@@ -25,8 +25,8 @@ def trend_line(t) -> str:
     if unit == "blocks":
         tag = "  [RISING]" if t.rising else ""
     else:  # said whether it rises or not: a flat RSS does not clear a run any more than a rising one fails it
-        tag = ("  [rising; informational: allocator warm-up and caches also grow RSS, the verdict rests on blocks]"
-               if t.rising else "  [informational: the verdict rests on blocks]")
+        tag = ("  [rising; informational: warm-up included; the host-memory verdict fits the later half]"
+               if t.rising else "  [informational; the host-memory verdict fits the later half]")
     if unit == "blocks":
         slope = f"{t.slope:.4g} blocks/request (95% CI {t.ci95[0]:.4g} .. {t.ci95[1]:.4g})"
         levels = f"baseline {t.baseline:.6g} -> last {t.last:.6g}"
