@@ -50,9 +50,45 @@ def test_memory_axis_starts_at_0_and_the_fitted_growth_and_verdict_are_written_i
     assert "Zoomed" in mid.get_title(loc="left") and "MiB" in mid.get_title(loc="left")  # the zoomed panel says so
     text = _texts(fig)
     assert "+4.0 KiB/request" in text and "not rising beyond 1 MiB/request" in text and "verdict: CLEAN" in text
-    # the troughs' panel spans at least the growth a leak at the threshold would show over 80 requests
-    assert low.get_ylim()[1] >= 80
+    # the troughs' panel spans at least the growth a leak at the threshold would show after warm-up
+    assert low.get_ylim()[1] >= 40
     plots.plt.close(fig)
+
+
+def _threshold_line(low):
+    return next(line for line in low.get_lines() if line.get_label().startswith("growth at the threshold"))
+
+
+def test_memory_threshold_line_starts_at_the_warm_up_level_not_the_origin():
+    # issue 40: the 1 MiB/request line drawn from (0, 0) left every point above it while the text
+    # said "not rising"; it starts where the fit starts (the first idle point after warm-up)
+    run = _run(_samples())
+    fig = plots.memory_figure(run)
+    low = fig.axes[2]
+    xs, ys = _threshold_line(low).get_data()
+    trend = run.findings.trends[1]
+    base = run.replay.idle_points[0].rss_bytes
+    assert xs[0] == 40 and xs[-1] == 80  # idle points at 0, 20, 40, 60, 80 requests; fit from 40
+    assert ys[0] == pytest.approx((trend.intercept + trend.slope * 40 - base) / MIB)
+    assert ys[0] > 2.0  # the warm-up level (about 2.9 MiB above the first point), not 0
+    assert ys[-1] - ys[0] == pytest.approx(40.0)  # 1 MiB/request over 40 requests
+    # the points after warm-up sit below the line (not rising), so the picture agrees with the words
+    fit_ys = [(p.rss_bytes - base) / MIB for p in run.replay.idle_points[2:]]
+    assert all(y <= ys[0] + (x - 40) + 0.5 for x, y in zip((40, 60, 80), fit_ys))
+    plots.plt.close(fig)
+    # no fit (too few points): from the RSS at the first point after warm-up
+    short = _run(_samples(), rss_troughs=(1293.6, 1296.0, 1296.5), slope=None)
+    fig = plots.memory_figure(short)
+    xs, ys = _threshold_line(fig.axes[2]).get_data()
+    assert xs[0] == 40 and ys[0] == pytest.approx(1296.5 - 1293.6)
+    plots.plt.close(fig)
+
+
+def test_memory_text_names_the_host_memory_check_only_where_it_ran():
+    run = _run(_samples())
+    assert "host-memory check" not in plots._growth_text(run)  # --url: it did not run
+    run.findings.host_memory = {"verdict": "below threshold"}
+    assert "host-memory check" in plots._growth_text(run)
 
 
 def test_memory_on_a_gpu_plots_what_moves_not_the_preallocated_total():

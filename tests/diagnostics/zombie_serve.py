@@ -9,7 +9,9 @@ Mid-stream disconnects and non-streaming timeouts are aborted as usual. The firs
 ``FIRST_CHUNK_DELAY_S`` (as a long prefill would), so that on a loaded machine the client's cut
 still lands before any token was produced for the stream.
 
-Each engine step is also slowed to ``STEP_DELAY_S``: on the tiny test model a 400-token request
+Each engine step is also slowed to ``STEP_DELAY_S`` (``VLITE_TEST_STEP_DELAY_S`` overrides it: a
+healthy engine on a loaded machine, whose steps outlast the zombie check's old 1 s bound;
+``VLITE_TEST_PLANT_ZOMBIE=0`` leaves the abort alone): on the tiny test model a 400-token request
 otherwise ends inside the first chunk's hold, and a mid-stream disconnect would then come after the
 request finished (nothing left to abort). The patch is at module level, so the engine core process
 (multiprocessing "spawn" runs this file again as ``__mp_main__``) gets it too.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 
@@ -30,7 +33,8 @@ from vlite.entrypoints import serving
 logger = logging.getLogger("vlite.server")
 _init = serving.AbortOnCloseStreamingResponse.__init__
 FIRST_CHUNK_DELAY_S = 0.3
-STEP_DELAY_S = 0.004  # 400 decode steps take >= 1.6 s, well past the first chunk's hold
+STEP_DELAY_S = float(os.environ.get("VLITE_TEST_STEP_DELAY_S", "0.004"))  # 400 steps: >= 1.6 s, past the hold
+PLANT = os.environ.get("VLITE_TEST_PLANT_ZOMBIE", "1") != "0"
 
 
 def _patched_init(self, content, group):
@@ -53,7 +57,7 @@ async def _patched_call(self, scope, receive, send):
     try:
         await StreamingResponse.__call__(self, scope, receive, send)
     finally:
-        if not self.group.all_finished and self._planted_counts["chunks"] < 2:
+        if PLANT and not self.group.all_finished and self._planted_counts["chunks"] < 2:
             logger.warning("planted zombie: client of %s left before the first token; NOT aborting %s",
                            scope.get("path"), self.group.request_ids)
         else:

@@ -158,7 +158,8 @@ class RequestHistory:
     finished_time: when its last sequence ended (``time.time()`` s, None while live);
     released_time / released_step: the last release of one of its block references (from the
     bounded release history; None if none is remembered); num_output_tokens: tokens generated
-    by all its sequences.
+    by all its sequences; finished_step: the engine step counter when its last sequence ended
+    (None while live), the end of a request that held no block.
     """
 
     request_id: str
@@ -169,6 +170,7 @@ class RequestHistory:
     released_step: int | None
     num_output_tokens: int  # the most of any of its sequences (tokens)
     num_preemptions: int
+    finished_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -283,11 +285,13 @@ class EngineView:
         for rid, recs in by_req.items():
             finished = all(r.finish_reason is not None for r in recs) and rid not in e.scheduler.requests
             times = [r.finished_time for r in recs if r.finished_time is not None]
+            steps = [r.finished_step for r in recs if r.finished_step is not None]
             rel = last_release.get(rid)
             out[rid] = RequestHistory(rid, finished, tuple(r.finish_reason for r in recs if r.finish_reason),
                                       max(times) if finished and times else None, rel[0] if rel else None,
                                       rel[1] if rel else None, max(r.num_output_tokens for r in recs),
-                                      sum(r.num_preemptions for r in recs))
+                                      sum(r.num_preemptions for r in recs),
+                                      max(steps) if finished and steps else None)
         return out
 
     @property

@@ -76,6 +76,9 @@ class _EngineStatsCollector(Collector):
              s.blocks.prefix_cache_queries),
             ("vlite:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
              s.blocks.prefix_cache_hits),
+            # vLLM counts steps only as vllm:iteration_tokens_total's _count; the leak check maps a
+            # client's disconnect to a step with it (zombies are judged in engine steps)
+            ("vlite:engine_steps", "Engine steps scheduled since start.", s.step),
         ]
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=["model_name"])

@@ -61,10 +61,13 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float, float] | None:
 
 def plateau_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     """Fit the whole series and its later half (by idle point). ``keeps_growing``: the later
-    half's slope CI lies above ``threshold``; ``warm_up``: the whole run rises but the later half
-    does not. Slopes are in y-units per x-unit (per request served)."""
+    half's slope CI lies above ``threshold``; ``inconclusive``: that CI straddles ``threshold``
+    (the run cannot tell a leak from noise); ``warm_up``: the whole run rises but the later
+    half's CI lies below ``threshold`` (it levelled off). Slopes are in y-units per x-unit (per
+    request served)."""
     out = {"n": len(xs), "first": ys[0] if ys else None, "last": ys[-1] if ys else None,
-           "slope": None, "late_slope": None, "late_ci95": None, "keeps_growing": False, "warm_up": False}
+           "slope": None, "late_slope": None, "late_ci95": None, "keeps_growing": False, "inconclusive": False,
+           "warm_up": False}
     whole = _fit(xs, ys)
     half = len(xs) // 2
     late = _fit(xs[half:], ys[half:])
@@ -73,7 +76,8 @@ def plateau_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     if late is not None:
         out["late_slope"], out["late_ci95"] = late[0], (late[1], late[2])
         out["keeps_growing"] = late[1] > threshold
-        out["warm_up"] = not out["keeps_growing"] and whole is not None and whole[1] > threshold
+        out["inconclusive"] = late[1] <= threshold <= late[2]
+        out["warm_up"] = late[2] < threshold and whole is not None and whole[1] > threshold
     return out
 
 
@@ -98,8 +102,10 @@ def host_memory_check(points: list) -> dict:
     """The host-memory verdict from idle points that carry ``host`` readings.
 
     Returns ``verdict``: ``"HOST-LEAK"`` (a container or anonymous memory keeps its slope past
-    warm-up), ``"warm-up"`` (anonymous memory rose above the threshold over the run but levelled
-    off in its later half), ``"below threshold"`` or ``"too few idle points"``;
+    warm-up), ``"inconclusive"`` (the 95% CI of anonymous memory's late-half slope straddles the
+    threshold: no verdict either way), ``"warm-up"`` (anonymous memory rose above the threshold
+    over the run but levelled off in its later half: that CI lies below the threshold),
+    ``"below threshold"`` or ``"too few idle points"``;
     ``growing``: the containers that keep growing (path, entries per request, first -> last);
     ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used.
     """
@@ -125,6 +131,8 @@ def host_memory_check(points: list) -> dict:
     anon_test = result["anon_swap"] or {}
     if result["growing"] or anon_test.get("keeps_growing"):
         result["verdict"] = "HOST-LEAK"
+    elif anon_test.get("inconclusive"):
+        result["verdict"] = "inconclusive"
     elif anon_test.get("warm_up"):
         result["verdict"] = "warm-up"
     else:
@@ -148,10 +156,17 @@ def lines(result: dict | None) -> list[str]:
     for g in result["growing"]:
         out.append(f"HOST-LEAK: {g['path']} keeps growing: {g['first']} -> {g['last']} entries, "
                    f"{g['entries_per_request']} per request after warm-up")
+    limit = f"{ANON_SLOPE_BYTES // 1024} KiB/request"
+    anon_words = ("anonymous memory's late-half slope below its threshold" if a and a.get("late_slope") is not None
+                  else "anonymous memory (RssAnon + VmSwap) not read")
     verdict = {"HOST-LEAK": "HOST-LEAK: host memory keeps its slope past warm-up",
-               "warm-up": "host memory: growth within warm-up (it levelled off in the later half of the run)",
+               "inconclusive": (f"host memory: inconclusive: the 95% CI of the late-half slope straddles the "
+                                f"{limit} threshold (a leak at it cannot be told from noise in this run; more "
+                                f"idle points, --num-requests and --idle-every, narrow the interval)"),
+               "warm-up": (f"host memory: growth within warm-up: it levelled off in the later half of the run "
+                           f"(the late-half slope's 95% CI lies below {limit})"),
                "below threshold": (f"host memory: no container reachable from the engine keeps growing "
-                                   f"(> {CONTAINER_SLOPE} entries/request); anonymous memory below its threshold")
+                                   f"(> {CONTAINER_SLOPE} entries/request); {anon_words}")
                }[result["verdict"]]
     if result["verdict"] != "HOST-LEAK" or not result["growing"]:
         out.append(verdict)

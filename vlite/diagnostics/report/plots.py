@@ -97,8 +97,10 @@ def memory_series(df: pd.DataFrame, bytes_per_block: int | None) -> list[tuple[s
 def _growth_text(run) -> str:
     """The fitted RSS growth per request at idle troughs and the verdict, for the plot."""
     trends = [t for t in run.findings.trends if t.metric == "rss_bytes"]
-    verdict = (f"verdict: {run.findings.verdict} (this RSS fit is informational: the verdict rests on\n"
-               "KV blocks, per-request state and the host-memory check)")
+    # name the host-memory check only where it ran (in process; not over --url)
+    rests = ("KV blocks, per-request state and the host-memory check" if getattr(run.findings, "host_memory", None)
+             else "KV blocks and per-request state")
+    verdict = f"verdict: {run.findings.verdict} (this RSS fit is informational: the verdict rests on\n{rests})"
     if not trends or trends[0].slope is None:
         n = trends[0].n if trends else 0
         return f"RSS growth per request: not fitted\n({n} idle points after warm-up, 3 needed)\n{verdict}"
@@ -148,18 +150,24 @@ def memory_figure(run):
     if pts:
         base = pts[0].rss_bytes
         low.plot(xs, [(p.rss_bytes - base) / MIB for p in pts], "o", label="process RSS at idle points (troughs)")
-        if trend is not None and trend.slope is not None:
-            fit_x = [x for x in xs if x >= min(xs[2:] or xs)]
+        fit_x = [x for x in xs if x >= min(xs[2:] or xs)]  # the first two idle points are warm-up
+        fitted = trend is not None and trend.slope is not None
+        if fitted:
             low.plot(fit_x, [(trend.intercept + trend.slope * x - base) / MIB for x in fit_x], "-",
                      color="tab:orange", label="fit (the first two idle points, warm-up, left out)")
-        # The scale is the growth a leak at the threshold would show over this run, so a flat
-        # series looks flat and a rising one fills the panel.
+        # The threshold line starts at the warm-up level (the fit at its first point, else the
+        # first point after warm-up), not at the origin: growth is judged from there. The scale
+        # is the growth a leak at the threshold would show from there on, so a flat series looks
+        # flat and a rising one fills the panel.
+        x0 = fit_x[0]
+        y0 = ((trend.intercept + trend.slope * x0 - base) / MIB if fitted
+              else (pts[xs.index(x0)].rss_bytes - base) / MIB)
         threshold = trend.threshold if trend is not None and trend.threshold else 2**20
-        reach = threshold * max(1, max(xs) - min(xs)) / MIB
-        low.plot([min(xs), max(xs)], [0, reach], ":", color="tab:red",
-                 label=f"growth at the threshold, {threshold / 2**20:g} MiB/request")
+        reach = threshold * max(1, max(xs) - x0) / MIB
+        low.plot([x0, max(x0 + 1, max(xs))], [y0, y0 + reach], ":", color="tab:red",
+                 label=f"growth at the threshold from the warm-up level, {threshold / 2**20:g} MiB/request")
         values = [(p.rss_bytes - base) / MIB for p in pts]
-        low.set_ylim(min(0.0, min(values)) - 0.05 * reach, max(reach, max(values)) * 1.1)
+        low.set_ylim(min(0.0, min(values), y0) - 0.05 * reach, max(y0 + reach, max(values)) * 1.1)
     low.set_xlabel("requests completed")
     low.set_ylabel("RSS at idle minus the first, MiB")
     low.set_title("Process RSS at the idle troughs against requests completed (y-axis: up to the threshold's "

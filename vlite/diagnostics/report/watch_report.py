@@ -42,9 +42,15 @@ def report_markdown(res: WatchResult) -> str:
            md_table(pts, ("index", "time", "kv_used", "requests_served", "memory_bytes", "uncounted"), 200)]
     if res.memory_test:
         m = res.memory_test
-        out.append(f"\nHost memory ({m.get('source')}): plateau test over {m['n']} idle points: late-half slope "
-                   f"{(m['late_slope'] or 0) / 1024:.1f} KiB/request, keeps growing: {m['keeps_growing']}, "
-                   f"warm-up: {m['warm_up']}\n")
+        source = f" ({m['source']})" if m.get("source") else ""
+        slope = ("not fitted" if m.get("late_slope") is None else
+                 f"{m['late_slope'] / 1024:.1f} KiB/request (95% CI {m['late_ci95'][0] / 1024:.1f} .. "
+                 f"{m['late_ci95'][1] / 1024:.1f})")
+        state = ("keeps growing" if m["keeps_growing"] else
+                 "inconclusive (the CI straddles the threshold)" if m.get("inconclusive") else
+                 "levelled off (warm-up)" if m["warm_up"] else "below the threshold")
+        out.append(f"\nHost memory{source}: plateau test over {m['n']} idle points: late-half slope {slope}: "
+                   f"{state}\n")
     out += ["\n## Notes\n", "\n".join(f"- {n}" for n in res.notes) or "_none_", ""]
     return "\n".join(out)
 

@@ -36,7 +36,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def metrics_block_stats(base: str, client: httpx.Client):
-    """A sampler source scraping ``{base}/metrics`` (blocks and requests)."""
+    """A sampler source scraping ``{base}/metrics`` (blocks, requests and, where the server
+    exports ``vlite:engine_steps_total``, the engine step counter ``num_steps``: None elsewhere)."""
 
     def read() -> dict:
         m = parse_metrics(client.get(f"{base}/metrics", timeout=5).text)
@@ -44,8 +45,20 @@ def metrics_block_stats(base: str, client: httpx.Client):
         cached = int(m.get("vlite:num_cached_blocks", 0))
         return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
                 "num_used_blocks": total - free - cached, "num_running": int(m.get("vlite:num_requests_running", 0)),
-                "num_waiting": int(m.get("vlite:num_requests_waiting", 0))}
+                "num_waiting": int(m.get("vlite:num_requests_waiting", 0)), "num_steps": _steps(m)}
     return read
+
+
+def _steps(m: dict[str, float]) -> int | None:
+    """The engine step counter of a parsed /metrics page (None: a server without it)."""
+    value = m.get("vlite:engine_steps_total")
+    return None if value is None else int(value)
+
+
+def step_timeline(rows: list[dict]) -> list[tuple[float, int]]:
+    """``(time, engine step counter)`` of the sampler's rows that read one, by time (for
+    ``pace.step_at``: the step at a client's disconnect)."""
+    return sorted((r["time"], int(r["num_steps"])) for r in rows if r.get("num_steps") is not None)
 
 
 def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
@@ -103,18 +116,21 @@ def http_greedy(base: str, client: httpx.Client):
     return run
 
 
-async def _wait_idle(base: str, client: httpx.AsyncClient, first_quiet: list[float] | None = None,
+async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = None,
                      timeout_s: float = IDLE_TIMEOUT_S) -> bool:
     """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
-    ``first_quiet`` gets the time of the first of those quiet reads."""
+    ``marks`` gets ``quiet_t`` (the time of the first of those quiet reads) and, where the server
+    counts its steps, ``first_steps`` (the counter at the first read) and ``quiet_steps``."""
     deadline, quiet = time.time() + timeout_s, 0
     while time.time() < deadline:
         t = time.time()
         m = parse_metrics((await client.get(f"{base}/metrics")).text)
+        if marks is not None and "first_steps" not in marks:
+            marks["first_steps"] = _steps(m)
         quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
             else 0
-        if quiet == 1 and first_quiet is not None:
-            first_quiet[:] = [t]
+        if quiet == 1 and marks is not None:
+            marks.update(quiet_t=t, quiet_steps=_steps(m))
         if quiet >= 2:
             return True
         await asyncio.sleep(0.05)
@@ -160,10 +176,12 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
                 break
             completed += len(wave)
             left = time.time()  # every client of the wave has finished or gone
-            quiet: list[float] = []
-            if not await _wait_idle(base, admin, quiet):
+            marks: dict = {}
+            if not await _wait_idle(base, admin, marks):
                 break  # still busy after the bound: the final snapshot will say it is not quiescent
-            out.gauge_lags.append(max(0.0, quiet[0] - left) if quiet else 0.0)
+            out.gauge_lags.append(max(0.0, marks["quiet_t"] - left) if "quiet_t" in marks else 0.0)
+            if marks.get("first_steps") is not None and marks.get("quiet_steps") is not None:
+                out.gauge_lag_steps.append(max(0, marks["quiet_steps"] - marks["first_steps"]))
             out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
         if stopped():
             _mark_interrupted(out)
@@ -213,7 +231,8 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
 
     if needs_calibration(specs):
         specs = calibrate(specs, http_greedy(base, sync))
-    coverage_before = coverage.from_metrics_text(sync.get(f"{base}/metrics").text)
+    metrics_before = sync.get(f"{base}/metrics").text
+    coverage_before = coverage.from_metrics_text(metrics_before)
     pid = listening_pid(base)
     memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
     sampler = Sampler(source, memory, sample_interval_s).start()
@@ -234,9 +253,16 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         snapshot.from_metrics(parse_metrics(final_metrics))
     sync.close()
     snap.coverage = coverage.from_metrics_text(final_metrics) or snap.coverage
-    zopts = dict(zombie_options or {})
+    from vlite.diagnostics.checks.pace import itl_p99
+
+    # the server's pace: zombies are judged in its engine steps (the counter sampled during the
+    # replay), or where no step is known against a wall-clock bound scaled by its p99 ITL
+    zopts = {"step_timeline": step_timeline(sampler.rows), "step_time_s": itl_p99(metrics_before, final_metrics),
+             **(zombie_options or {})}
     if not snap.request_history and replay.gauge_lags:  # no per-request timestamps: the running gauge
         zopts["gauge_lag_s"] = round(max(replay.gauge_lags), 3)
+        if len(replay.gauge_lag_steps) == len(replay.gauge_lags):
+            zopts["gauge_lag_steps"] = max(replay.gauge_lag_steps)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted

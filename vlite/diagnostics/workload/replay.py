@@ -56,6 +56,8 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     # Over HTTP: per wave, seconds from the last client leaving to the running gauge reading 0.
     gauge_lags: list[float] = field(default_factory=list)
+    # ... and the engine steps it ran in that time (where the server counts its steps)
+    gauge_lag_steps: list[int] = field(default_factory=list)
     # Set when the replay was stopped early (Ctrl-C): what happened, in words; None for a full run.
     interrupted: str | None = None
 

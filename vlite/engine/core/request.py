@@ -23,7 +23,8 @@ from vlite.engine.sampling_params import SamplingParams
 @dataclass
 class RequestRecord:
     """What the engine remembers about one sequence of a request, live or finished (for
-    leak attribution). ``finished_time`` is ``time.time()`` seconds; counts are tokens."""
+    leak attribution). ``finished_time`` is ``time.time()`` seconds, ``finished_step`` the engine
+    step counter when it ended (engine steps); counts are tokens."""
 
     seq_id: int
     origin: RequestOrigin
@@ -33,6 +34,7 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_preemptions: int = 0
     finished_time: float | None = None
+    finished_step: int | None = None
     error: str | None = None
     # Recorded by the finish path (evidence for the leak report, not a guess): how it ended
     # ("stop:stop_string", "stop:beam_pruned", "length", "abort in decode", "error", ...), and

@@ -439,6 +439,8 @@ class Scheduler:
         rec.num_output_tokens = seq.num_output_tokens
         rec.num_preemptions = seq.num_preemptions
         rec.finished_time = seq.finished_time
+        if seq.finish_reason is not None and rec.finished_step is None:
+            rec.finished_step = self.step_counter  # the zombie check counts steps up to here
         rec.error = seq.error
         self.finished_records[seq.seq_id] = rec
         while len(self.finished_records) > self.finished_history:
