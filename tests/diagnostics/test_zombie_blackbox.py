@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import serve_harness
+from report_words import assert_no_none
 from serve_harness import ServerProcess, running
 
 from vlite.diagnostics.targets.connection import connect
@@ -17,7 +18,9 @@ from vlite.diagnostics.targets.zombie_blackbox import (
     _measure,
     _Scrape,
     judge,
+    lines,
     reproducer,
+    rule,
     zombie_check_blackbox,
     zombie_summary,
 )
@@ -65,6 +68,11 @@ def test_unpatched_server_is_clean(clean_server):
     assert z["threshold_tokens"] == 100 and all(a["tokens_after_leaving"] <= 100 for a in z["actions"]), z["actions"]
     assert z["client_aborts"] == 3 and z["server_aborts"] == 3  # every abort counted
     assert zombie_summary(z) is None
+    # the server's pace, from the reference request's chunks, scales the running bound
+    assert z["itl_p99_s"] > 0 and z["running_bound_s"] >= max(1.0, 3 * z["itl_p99_s"])
+    text = "\n".join(lines(z))
+    assert "--zombie-threshold-s" in text and "p99 inter-token latency" in text
+    assert_no_none(text)
 
 
 def test_measure_reads_tokens_time_and_abort_counter_from_scrapes():
@@ -115,3 +123,18 @@ def test_judge_tokens_running_time_and_a_stale_gauge():
     assert judge({"tokens_after_leaving": 0, "running_s": 0.09}, 10.0, None, 16, 1.0) == (False, False)
     assert judge({"tokens_after_leaving": 0, "running_s": None}, 10.0, 13.0, 16, 1.0) == (False, True)  # stuck
     assert judge({"tokens_after_leaving": None, "running_s": 2.0}, 10.0, None, 16, 1.0) == (False, True)
+
+
+def test_the_running_bound_is_named_with_the_measured_pace_and_no_none():
+    z = {"threshold_tokens": 128, "threshold_s": 1.0, "threshold_steps": 2, "itl_p99_s": 0.75,
+         "running_bound_s": 60.0, "reference": {"ttft_s": 0.8, "full_s": 120.0}, "max_tokens": 512,
+         "actions": [{"client_action": "disconnect mid-stream", "requests": 1, "zombies": 0,
+                      "tokens_after_leaving": None, "generating_s": 0.0, "running_s": 1.9, "still_running": False,
+                      "aborts_counted": None}], "server_aborts": None, "notes": []}
+    assert rule(z) == ("a request is a ZOMBIE when the server generated more than 128 tokens after its client left "
+                       "(a quarter of max_tokens, --zombie-max-tokens), or kept it running more than 60 s = "
+                       "max(--zombie-threshold-s 1 s, 3 x the p99 inter-token latency 0.75 s, half a complete "
+                       "request's 120 s)")
+    text = "\n".join(lines(z))
+    assert "tokens generated: not counted by this server" in text
+    assert_no_none(text)

@@ -81,6 +81,7 @@ def _timing(run) -> str | None:
     """Requests, seconds and samples of a run that sent requests; None for one that sent none."""
     if run.replay is None or "replay_s" not in run.info:
         return None
-    whole = "in all" if run.kind == "blackbox" else "with engine start-up: model load, kernel build"
+    # only the in-process target loads a model; a client of a running server does not
+    whole = "with engine start-up: model load, kernel build" if run.kind == "in-process" else "in all"
     return (f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(run.info['replay_s'])} "
             f"({common.seconds(run.info.get('total_s'))} {whole}); {common.plural(len(run.samples), 'sample')}")

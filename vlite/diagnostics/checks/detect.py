@@ -141,10 +141,22 @@ class Findings:
             return "HOST-LEAK"
         return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
 
+    def _zombie_part(self) -> str:
+        """"3 requests outlived their clients by more than 2 engine steps (--zombie-threshold-steps)
+        (zombies)": the count, and the bound each was judged by with the option that sets it."""
+        z = self.zombies
+        rows = z["zombies"]
+        bounds = []
+        if any(r["outlived_steps"] is not None for r in rows):
+            bounds.append(f"{z['threshold_steps']} engine steps (--zombie-threshold-steps)")
+        if any(r["outlived_steps"] is None for r in rows):
+            bounds.append(f"{z.get('bound_s', z['threshold_s']):g} s (--zombie-threshold-s)")
+        who = "1 request outlived its client" if len(rows) == 1 else f"{len(rows)} requests outlived their clients"
+        return f"{who} by more than {' or '.join(bounds)} (zombies)"
+
     def summary(self) -> str:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
-        zombie_part = (f"{len(self.zombies['zombies'])} requests outlived their clients (zombies)"
-                       if self.zombie else "")
+        zombie_part = self._zombie_part() if self.zombie else ""
         if self.interrupted_verdict:
             d = self.drain
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "

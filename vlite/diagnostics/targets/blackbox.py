@@ -441,7 +441,9 @@ class BlackboxTarget:
         if self.zombie_max_tokens and res.verdict != "INCONCLUSIVE":
             plan.on_line(f"zombie check: one early-leaving request per client action, max_tokens "
                          f"{self.zombie_max_tokens}")
-            threshold_s = (plan.zombie_options or {}).get("threshold_s", 1.0)
-            apply_to(res, zombie_check_blackbox(self.conn, max_tokens=self.zombie_max_tokens, threshold_s=threshold_s,
+            zopts = plan.zombie_options or {}
+            apply_to(res, zombie_check_blackbox(self.conn, max_tokens=self.zombie_max_tokens,
+                                                threshold_s=zopts.get("threshold_s", 1.0),
+                                                threshold_steps=zopts.get("threshold_steps", 2),
                                                 drain_timeout_s=self.drain_timeout_s))
         return res.as_target_run(self.kind)

@@ -17,8 +17,12 @@ them on one pod; a vLLM whose engine core drops aborts). Its blocks come back on
    (abort counter delta: 1 when the server noticed).
 4. A request is a ZOMBIE when the server generated more than ``threshold_tokens`` tokens and a
    quarter of ``max_tokens`` after its client left (a zombie decodes on to ``max_tokens``; a fast
-   server makes a few dozen tokens before it notices a cut), or kept it running for more than ``threshold_s`` and half the time a complete
-   request of ``max_tokens`` takes (timed once first), or past ``drain_timeout_s``.
+   server makes a few dozen tokens before it notices a cut), or kept it running longer than the
+   server's own pace allows: ``max(threshold_s, (threshold_steps + 1) x the p99 inter-token
+   latency)`` (``zombie.wall_clock_bound``; an abort lands at a step boundary at best, and a
+   loaded server's steps can outlast ``threshold_s``) and half the time a complete request of
+   ``max_tokens`` takes, both measured on one complete reference request streamed first; or it
+   still ran it ``drain_timeout_s`` later.
    A running gauge that no token moves for ``STALE_S`` is refreshed by one 1-token request (vLLM
    updates gauges only when the engine steps): if it then reads 0 within a second it was stale,
    not a zombie. The running gauge matters on vLLM: its generation-token counter is kept by the API
@@ -41,6 +45,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from vlite.diagnostics.checks.pace import quantile
+from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_STEPS, wall_clock_bound
 from vlite.diagnostics.targets.adapters import NO_ABORT_COUNTER, MetricsReading
 from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
 from vlite.diagnostics.targets.openai_client import send_request
@@ -180,22 +186,27 @@ def reproducer(kind: str, base_url: str, max_tokens: int, headers: dict | None =
 def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS), repeats: int = 1,
                           max_tokens: int = DEFAULT_MAX_TOKENS, threshold_tokens: int = DEFAULT_THRESHOLD_TOKENS,
                           threshold_s: float = DEFAULT_THRESHOLD_S, drain_timeout_s: float = 60.0,
-                          scrape_s: float = 0.05, seed: int = 0) -> dict:
+                          scrape_s: float = 0.05, seed: int = 0,
+                          threshold_steps: int = DEFAULT_THRESHOLD_STEPS) -> dict:
     """Send early-leaving requests one at a time and measure what the server does after each client left.
 
     Args:
         conn: a ``connection.Connection``.
         kinds: ``ZOMBIE_ACTIONS`` keys to try. repeats: requests per kind.
         max_tokens: the early leavers' max_tokens (long, so that a zombie outlives its client).
-        threshold_tokens / threshold_s: a request is a ZOMBIE when the server generated more than
-            ``threshold_tokens`` tokens after its client left (or, with no token counter, kept it
-            running for more than ``threshold_s`` seconds).
+        threshold_tokens / threshold_s / threshold_steps: a request is a ZOMBIE when the server
+            generated more than ``threshold_tokens`` tokens after its client left, or kept it
+            running longer than ``max(threshold_s, (threshold_steps + 1) x p99 ITL)`` seconds and
+            half a complete request's time (module docstring).
         drain_timeout_s: the longest wait for idle before and after each request.
         scrape_s: scrape period, seconds.
 
     Returns:
         ``{"requests": [...], "actions": [...], "zombies": [...], "client_aborts", "server_aborts",
-        "abort_counter", "notes", "max_tokens", "threshold_tokens", "threshold_s"}``. ``actions``:
+        "abort_counter", "notes", "max_tokens", "threshold_tokens", "threshold_s", "threshold_steps",
+        "itl_p99_s", "running_bound_s", "reference"}``; ``itl_p99_s``: the p99 gap between the
+        reference request's chunks (s, None when it did not run); ``running_bound_s``: the longest
+        a request may stay running after its client left. ``actions``:
         one row per kind (worst request); ``zombies``: the actions found ZOMBIE, each with its
         reproducer.
 
@@ -216,23 +227,29 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
     timing: dict = {}
 
     async def reference(client: httpx.AsyncClient) -> None:
-        """One complete streamed request of max_tokens: its time to the first chunk and in all, so
-        that the non-streaming client times out between the two."""
+        """One complete streamed request of max_tokens: its time to the first chunk and in all (so
+        that the non-streaming client times out between the two), and the gaps between its chunks
+        (the server's pace: its p99 inter-token latency scales the running bound)."""
         if await driver.wait_idle(client) is None:
             return
         body = {"prompt": f"vlite-zombie-reference {_PROMPT}", "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "stream": True, **conn.body}
-        t0, first = time.monotonic(), None
+        t0, first, chunks = time.monotonic(), None, []
         try:
             async with client.stream("POST", f"{conn.base}/v1/completions", json=body, headers=conn.headers,
                                      timeout=max(60.0, drain_timeout_s)) as r:
                 async for line in r.aiter_lines():
-                    if first is None and line.startswith("data: ") and '"text"' in line:
-                        first = time.monotonic() - t0
+                    if line.startswith("data: ") and '"text"' in line:
+                        chunks.append(time.monotonic())
+                        if first is None:
+                            first = chunks[0] - t0
         except httpx.HTTPError as exc:
             notes.append(f"the reference request failed ({type(exc).__name__}); the client timeout stays at 1 s")
             return
         timing.update(ttft_s=round(first or 0.0, 4), full_s=round(time.monotonic() - t0, 4))
+        itl = quantile([b - a for a, b in zip(chunks, chunks[1:])], 0.99)
+        if itl is not None:
+            timing["itl_p99_s"] = round(itl, 4)
 
     async def _poke(client: httpx.AsyncClient) -> str | None:
         body = {"prompt": "probe", "max_tokens": 1, "temperature": 0.0, **conn.body}
@@ -290,8 +307,9 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             rows.append(row)
             return False
         row.update(_measure(scraper.rows, before, left))
-        # a zombie runs on to max_tokens: most of a complete request's time, and at least threshold_s
-        min_running_s = max(threshold_s, 0.5 * timing.get("full_s", 0.0))
+        # a zombie runs on to max_tokens: most of a complete request's time, and longer than the
+        # server's pace allows an abort to take (threshold_s, or a few of its slowest steps)
+        min_running_s = running_bound()
         # ... and most of max_tokens: a fast server makes a few dozen tokens before it notices a cut
         min_tokens = max(threshold_tokens, max_tokens // 4)
         row["stale_gauge"], row["zombie"] = judge(row, left, poked, min_tokens, min_running_s)
@@ -299,9 +317,13 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         rows.append(row)
         return True
 
+    def running_bound() -> float:
+        return max(wall_clock_bound(threshold_s, threshold_steps, timing.get("itl_p99_s")),
+                   0.5 * timing.get("full_s", 0.0))
+
     async def main() -> None:
         async with httpx.AsyncClient(timeout=30.0) as client:
-            if "client-timeout" in kinds:
+            if kinds:
                 await reference(client)
             for kind in kinds:
                 for i in range(repeats):
@@ -342,7 +364,8 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             "client_aborts": len(left), "server_aborts": sum(counted) if has_counter and counted else None,
             "abort_counter": has_counter, "max_tokens": max_tokens,
             "threshold_tokens": max(threshold_tokens, max_tokens // 4),
-            "threshold_s": threshold_s, "reference": timing, "notes": notes}
+            "threshold_s": threshold_s, "threshold_steps": threshold_steps, "itl_p99_s": timing.get("itl_p99_s"),
+            "running_bound_s": round(running_bound(), 3), "reference": timing, "notes": notes}
 
 
 def zombie_summary(z: dict) -> str | None:
@@ -352,27 +375,50 @@ def zombie_summary(z: dict) -> str | None:
     a = max(z["zombies"], key=lambda a: a.get("tokens_after_leaving") or 0)
     tokens = ("" if a["tokens_after_leaving"] is None or a["tokens_after_leaving"] <= z["threshold_tokens"]
               else f"generated {a['tokens_after_leaving']} tokens and ")
-    running = ("and the request is still running" if a["still_running"] else
-               f"kept it running {a['running_s']:g} s")
+    # judged on its running time alone: name the bound and the option that sets it
+    bound = ("" if tokens else f" (more than the {z.get('running_bound_s', z['threshold_s']):g} s bound; "
+             "--zombie-threshold-s)")
+    running = ("the request is still running" if a["still_running"] else
+               f"kept it running {a['running_s']:g} s{bound}")
     counted = ("" if a["aborts_counted"] is None else
                f"; its abort counter counted {a['aborts_counted']} of {a['requests']}")
     others = [b["client_action"] for b in z["zombies"] if b is not a]
     also = f" (also: {', '.join(others)})" if others else ""
-    return (f"ZOMBIE: {a['client_action']}: after the client left the server {tokens}{running} "
+    subject = "the server " if tokens or not a["still_running"] else ""
+    return (f"ZOMBIE: {a['client_action']}: after the client left {subject}{tokens}{running} "
             f"(max_tokens {z['max_tokens']}){counted}{also}")
 
 
+def rule(z: dict) -> str:
+    """The zombie rule of this check, with its thresholds, the measured pace and the options."""
+    parts = [f"--zombie-threshold-s {z['threshold_s']:g} s"]
+    if z.get("itl_p99_s") is not None:
+        parts.append(f"{z.get('threshold_steps', DEFAULT_THRESHOLD_STEPS) + 1} x the p99 inter-token latency "
+                     f"{z['itl_p99_s']:.3g} s")
+    if (z.get("reference") or {}).get("full_s"):
+        parts.append(f"half a complete request's {z['reference']['full_s']:.3g} s")
+    bound = z.get("running_bound_s", z["threshold_s"])
+    return (f"a request is a ZOMBIE when the server generated more than {z['threshold_tokens']} tokens after its "
+            f"client left (a quarter of max_tokens, --zombie-max-tokens), or kept it running more than {bound:g} s "
+            f"= max({', '.join(parts)})")
+
+
 def lines(z: dict | None) -> list[str]:
-    """Console / report.md lines: one per client action, then the abort counters."""
+    """Console / report.md lines: one per client action, the rule, then the abort counters."""
     if not z:
         return []
     out = []
     for a in z["actions"]:
         state = "ZOMBIE" if a["zombies"] else "ok"
-        run = "still running" if a["still_running"] else f"running {a['running_s']} s"
+        run = ("still running" if a["still_running"] else
+               "running gauge not read" if a["running_s"] is None else f"running {a['running_s']} s")
+        tokens = ("tokens generated: not counted by this server" if a["tokens_after_leaving"] is None else
+                  f"{a['tokens_after_leaving']} tokens generated over {a['generating_s']} s")
         out.append(f"{state}: {a['client_action']}: {a['requests']} request(s) of max_tokens {z['max_tokens']}; after "
-                   f"the client left: {a['tokens_after_leaving']} tokens generated over {a['generating_s']} s, {run}; "
+                   f"the client left: {tokens}, {run}; "
                    f"aborts counted by the server: {a['aborts_counted'] if a['aborts_counted'] is not None else 'n/a'}")
+    if z["actions"]:
+        out.append(rule(z))
     if z["server_aborts"] is not None:
         out.append(f"aborts: the client left {z['client_aborts']} requests early, the server's abort counter rose by "
                    f"{z['server_aborts']}")
