@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_http import QuietHandler, ServerPool
+from report_words import assert_no_none, blackbox_text
 from serve_harness import ServerProcess, free_port, running
 
 from vlite.diagnostics.targets.blackbox import run_blackbox, split_waves
@@ -65,6 +66,7 @@ def test_blackbox_finds_the_disconnect_leak_and_its_reproducer_leaks_again(fault
     assert fit["complete"] < 0.25
     assert len(res.probes) >= 7 and res.info["server_pid"] == faulty.proc.pid
     assert res.samples["rss_bytes"].notna().all()  # the server's process tree was found and sampled
+    assert_no_none(blackbox_text(res))
 
     from vlite.diagnostics.report.blackbox_report import write_blackbox_report
 
@@ -190,8 +192,10 @@ def test_probe_unfreezes_stale_gauges_and_a_real_residual_stays(stepping_server)
     # Without the probes every idle point would read the frozen 3 blocks: a false LEAK.
     assert res.verdict == "CLEAN", res.summary
     assert [p["kv_used_before"] for p in res.probes] == [0, 3, 3] and all(p["kv_used_after"] == 0 for p in res.probes)
+    assert_no_none(blackbox_text(res))  # a vLLM page: no block size, no process found
     held = connect(stepping_server(leak_per_request=1))
     res = run_blackbox(held, split_waves(specs, 2), drain_timeout_s=5, bisect_budget_s=0, server_pid=None)
     assert res.verdict == "LEAK" and res.residual == 4.0 and res.unit == "blocks", res.summary
     assert len(res.probes) >= 5  # two more probes confirmed the residual
     assert [(s["client_action"], s["blocks_per_request"]) for s in res.suspects] == [("complete", 1.0)]
+    assert_no_none(blackbox_text(res))

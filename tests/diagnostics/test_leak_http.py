@@ -4,6 +4,7 @@ clients that really disconnect mid-stream leak blocks under the planted fault, a
 from __future__ import annotations
 
 import pytest
+from report_words import assert_no_none, run_result_text
 
 from vlite.diagnostics.targets.http import run_http
 from vlite.diagnostics.workload.actions import ClientAction
@@ -37,6 +38,7 @@ def test_http_target_finds_a_planted_disconnect_leak(serve):
     outcomes = {r.request_id: r.outcome for r in run.replay.requests}
     assert all(outcomes[s.request_id] == ("aborted" if s.request_id in disconnected else "finished") for s in specs)
     assert run.info["debug_endpoints"] and not run.samples.empty
+    assert_no_none(run_result_text(run))
 
 
 def test_http_target_clean_server_is_clean(serve):
@@ -44,6 +46,7 @@ def test_http_target_clean_server_is_clean(serve):
     run = run_http(url, _workload(), max_concurrency=8, idle_every=4, sample_interval_s=0.05)
     assert not run.findings.leak, run.findings.summary()
     assert run.findings.drain.mismatch_blocks == 0
+    assert_no_none(run_result_text(run))
 
 
 def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_timing(serve):
@@ -65,3 +68,9 @@ def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_ti
     assert f.registries["leftover"] == [] and f.unattributed == []
     aborted = [r for r in run.replay.requests if r.outcome == "aborted"]
     assert aborted and f.zombies["distribution"]["n"] >= 1 and f.zombies["zombies"] == []
+    # judged in the server's engine steps (its step counter sampled at the disconnect), and the
+    # report names no check that did not run and prints no None
+    assert f.zombies["step_source"] == "sampled" and f.zombies["distribution"]["max_steps"] is not None
+    text = run_result_text(run)
+    assert_no_none(text)
+    assert "host-memory check" not in text

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import make_engine
+from report_words import assert_no_none, run_result_text
 
 from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
@@ -217,10 +218,12 @@ def test_zombie_samples_that_outlive_their_client_make_the_verdict_zombie(tiny_c
     zombies = {z["request_id"] for z in f.zombies["zombies"]}
     assert zombies == {"z-1", "z-3"}
     assert all(z["outlived_steps"] > 2 and z["tokens_after_leaving"] > 2 for z in f.zombies["zombies"])
-    assert f.summary().startswith("ZOMBIE")
+    assert f.summary().startswith("ZOMBIE") and "--zombie-threshold-steps" in f.summary()
+    assert_no_none(run_result_text(run))
     clean = run_in_process(make_engine(tiny_checkpoint, num_blocks=96), _n_samples(), max_concurrency=8,
                            sample_interval_s=0.05)
     assert clean.findings.verdict == "CLEAN" and clean.findings.zombies["zombies"] == []
+    assert_no_none(run_result_text(clean))
 
 
 def test_a_registry_left_behind_is_a_leak_and_named(tiny_checkpoint, monkeypatch):

@@ -27,6 +27,11 @@ from vlite.diagnostics.targets.zombie_blackbox import lines as zombie_lines
 MIB = 1 << 20
 
 
+def _v(value) -> str:
+    """A value for the report's words: "n/a" where it was not read."""
+    return "n/a" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _fmt_trend(t) -> str:
     return trend_line(t).replace("num_used_blocks", "kv_used")
 
@@ -43,8 +48,8 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
     print_blackbox_verdict(res, console)
     bs = f", block_size {res.block_size} tokens (read from the server)" if res.block_size else ""
     total = f" of {res.kv_total:g}" if res.kv_total else ""
-    console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}; baseline {res.baseline} -> final "
-                  f"{res.final}", highlight=False)
+    console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}; baseline {_v(res.baseline)} -> "
+                  f"final {_v(res.final)}", highlight=False)
     if res.probes:
         console.print(f"probes: {len(res.probes)} 1-token requests, each after an idle point "
                       f"(last: KV {res.probes[-1]['kv_used_before']} -> {res.probes[-1]['kv_used_after']})",
@@ -127,8 +132,9 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
            f"{res.summary.split(': ', 1)[-1]}\n", "## Run\n",
            md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
            "## Drain (KV used at idle, after a 1-token probe)\n",
-           f"unit: {res.unit}; block_size: {res.block_size} (read from the server); pool: {res.kv_total}; "
-           f"baseline {res.baseline} -> final {res.final} (residual {res.residual})\n",
+           f"unit: {res.unit}; block_size: {_v(res.block_size)}"
+           f"{' (read from the server)' if res.block_size else ' (the server does not say)'}; pool: {_v(res.kv_total)}; "
+           f"baseline {_v(res.baseline)} -> final {_v(res.final)} (residual {_v(res.residual)})\n",
            md_table(res.probes, ("after", "request_id", "status", "kv_used_before", "kv_used_after"), 50),
            "## Trend (troughs at idle points)\n", "\n".join(f"- {_fmt_trend(t)}" for t in res.trends) + "\n",
            "## Suspects (black-box attribution)\n",
