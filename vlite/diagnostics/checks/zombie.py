@@ -183,7 +183,8 @@ def lines(z: dict | None) -> list[str]:
                          f"max {d['max_tokens_after_leaving']} per request")
         skipped = left - d["n"] - len(z["not_released"])
         if skipped > 0:
-            parts.append(f"{_plural(skipped, 'request')} whose client left not in the server's request history")
+            parts.append(f"{_plural(skipped, 'request')} whose client left not in the server's request history "
+                         "(left before the request reached the engine, or forgotten by its bounded history)")
         out.append("; ".join(parts))
     if z.get("gauge_lag_s") is not None:
         steps = "" if z.get("gauge_lag_steps") is None else f", {_plural(z['gauge_lag_steps'], 'engine step')}"
