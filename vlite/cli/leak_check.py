@@ -91,10 +91,13 @@ def leak_check(
     from_log: Path | None = typer.Option(None, "--from-log",  # noqa: B008 (Typer's option style)
                                          help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log."),
     zombie_threshold_s: float = typer.Option(1.0, "--zombie-threshold-s", min=0.0,
-                                             help="A request outliving its client by more than this (s) is a "
-                                                  "ZOMBIE where engine steps are unknown (over HTTP)."),
+                                             help="Where no engine step is known: a request outliving its client "
+                                                  "by more than max(this, 3 x the run's p99 inter-token latency) "
+                                                  "seconds is a ZOMBIE."),
     zombie_threshold_steps: int = typer.Option(2, "--zombie-threshold-steps", min=0,
-                                               help="... or by more than this many engine steps (in process)."),
+                                               help="A request outliving its client by more than this many engine "
+                                                    "steps is a ZOMBIE (in process, and over --url from the server's "
+                                                    "step counter)."),
     watch: bool = typer.Option(False, "--watch",
                                help="With --url: send NO request; scrape /metrics (and the server's memory on this "
                                     "host) until Ctrl-C or --duration, judging at its natural idle points."),
