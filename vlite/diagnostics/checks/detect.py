@@ -141,8 +141,35 @@ class Findings:
             return "HOST-LEAK"
         return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
 
-    def summary(self) -> str:
-        """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
+    @property
+    def not_exercised(self) -> list[str]:
+        """Checklist paths the run did not walk (coverage.py); empty where coverage is unknown."""
+        return list((self.coverage or {}).get("not_exercised") or [])
+
+    @property
+    def headline_not_exercised(self) -> bool:
+        """A run that would be CLEAN but walked none of some headline paths (client aborts,
+        ``coverage.HEADLINE``): the command exits 4 (``targets/base.py``), not 0."""
+        from vlite.diagnostics.checks.coverage import headline_missing
+
+        return self.verdict == "CLEAN" and bool(headline_missing(self.not_exercised))
+
+    def summary(self, caveat: bool = True) -> str:
+        """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ...". With
+        ``caveat``, a verdict of a run that left checklist paths unwalked says so after the
+        verdict word ("CLEAN, but abort during decode was not exercised: ..."); a fixed
+        scenario, which walks one path on purpose, passes False."""
+        from vlite.diagnostics.checks.coverage import caveat as coverage_caveat
+
+        line = self._verdict_summary()
+        verdict = self.verdict
+        words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
+                                                                                  "INCONCLUSIVE") else None
+        if words and line.startswith(verdict + ": "):
+            line = f"{verdict}, but {words}: {line[len(verdict) + 2:]}"
+        return line
+
+    def _verdict_summary(self) -> str:
         zombie_part = (f"{len(self.zombies['zombies'])} requests outlived their clients (zombies)"
                        if self.zombie else "")
         if self.interrupted_verdict:

@@ -30,8 +30,10 @@ if TYPE_CHECKING:  # types only: importing the checks loads torch, and the CLI i
     from vlite.diagnostics.workload.sources import RequestSpec
 
 # Exit codes by verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT); every other
-# verdict (LEAK, ZOMBIE, HOST-LEAK) 1.
+# verdict (LEAK, ZOMBIE, HOST-LEAK) 1. A CLEAN run that sent or walked no client abort exits 4
+# instead (EXIT_HEADLINE_NOT_EXERCISED, ``TargetRun.exit_code``); 2 is a usage error.
 EXIT_CODES = {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
+EXIT_HEADLINE_NOT_EXERCISED = 4
 
 
 def exit_code(verdict: str) -> int:
@@ -118,6 +120,8 @@ class TargetRun:
         notes: lines the report adds under "notes"; the same list as the result's.
         replay: the client's requests and idle points; None where no client ran (watch, Prometheus).
         interrupted: what a first Ctrl-C stopped, in words; None for a run that went to its end.
+        headline_not_exercised: CLEAN, but the run walked (or, as a black box, sent) no client
+            abort of some headline kind (``checks/coverage.py`` HEADLINE): exit 4, not 0.
     """
 
     kind: str
@@ -129,17 +133,22 @@ class TargetRun:
     notes: list[str]
     replay: ReplayResult | None = None
     interrupted: str | None = None
+    headline_not_exercised: bool = False
 
     @property
     def exit_code(self) -> int:
-        """The command's exit code for this run's verdict (``exit_code``)."""
+        """The command's exit code for this run's verdict (``exit_code``); 4 for a CLEAN run
+        whose headline paths (client aborts) were not exercised."""
+        if self.verdict == "CLEAN" and self.headline_not_exercised:
+            return EXIT_HEADLINE_NOT_EXERCISED
         return exit_code(self.verdict)
 
     @classmethod
     def of_run_result(cls, kind: str, run: RunResult) -> TargetRun:
         """The ``TargetRun`` of a ``RunResult`` (the in-process and vlite-serve targets)."""
         f = run.findings
-        return cls(kind, f.verdict, f.summary(), run, run.samples, run.info, f.notes, run.replay, f.interrupted)
+        return cls(kind, f.verdict, f.summary(), run, run.samples, run.info, f.notes, run.replay, f.interrupted,
+                   headline_not_exercised=f.headline_not_exercised)
 
 
 @runtime_checkable
