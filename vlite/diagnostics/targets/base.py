@@ -78,6 +78,10 @@ class TargetPlan:
             a report directory stays current while the run goes on.
         trace_allocations: the in-process target traces Python allocations over the replay
             (``alloc_trace.py``).
+        on_progress: called as ``on_progress(phase, done, total)`` during a phase before the
+            replay ("calibration": greedy runs of ``workload/calibrate.py``), at its start (0)
+            and after each step of it; the last call has ``done == total`` unless a Ctrl-C cut
+            the phase short.
     """
 
     specs: list[RequestSpec] = field(default_factory=list)
@@ -93,6 +97,7 @@ class TargetPlan:
     on_line: Callable[[str], None] = _silent
     on_report: Callable[[TargetRun], None] | None = None
     trace_allocations: bool = False
+    on_progress: Callable[[str, int, int], None] | None = None
 
     def wave_size(self) -> int:
         """Requests per wave for this plan's specs (``default_wave``)."""
@@ -101,7 +106,8 @@ class TargetPlan:
     def replay_options(self) -> dict:
         """The keyword arguments of ``run_in_process`` and ``run_http`` besides the specs and ``stop``."""
         return {"max_concurrency": self.max_concurrency, "idle_every": self.wave_size(),
-                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options}
+                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options,
+                "on_progress": self.on_progress}
 
 
 @dataclass
