@@ -3,7 +3,7 @@ free list, drain, and report leaked KV blocks (and per-request state) by origin.
 
 Exit codes (``EPILOG``, the end of ``--help``): 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK (or a scenario
 failed), 2 usage error or a target that cannot be reached, 3 INCONCLUSIVE, 4 CLEAN but no client
-abort of a headline kind was exercised (``--abort-rate 0``), 130 INTERRUPTED.
+abort was exercised (while waiting, in prefill or in decode; e.g. ``--abort-rate 0``), 130 INTERRUPTED.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ PANEL_REPORT = "Report and output"
 EPILOG = """\b
 Verdicts and exit codes:
   0    CLEAN         blocks back on the free list, no per-request state left
-  4    CLEAN, but client aborts (waiting, prefill, decode) were not exercised:
-                     nothing tested the paths leak-check exists for (--abort-rate 0)
+  4    CLEAN, but no client abort (while waiting, in prefill or in decode) was
+                     exercised: the paths leak-check exists for went untested
+                     (e.g. --abort-rate 0); the verdict line names what was missed
   1    LEAK          blocks or per-request state left after the drain
   1    ZOMBIE        requests outlived their clients
   1    HOST-LEAK     host memory keeps growing past warm-up
@@ -106,7 +107,7 @@ def leak_check(
                                                "trend its troughs (default: num_requests/5; 0 = never)."),
     abort_rate: float = typer.Option(DEFAULT_ABORT_RATE, "--abort-rate", rich_help_panel=PANEL_WORKLOAD, min=0.0, max=1.0,
                                       help="Fraction of requests the client aborts (--abort-mode); 0 tests no abort "
-                                           "path, and a CLEAN verdict then exits 4. A JSONL trace's lines that "
+                                           "path, and a CLEAN verdict then exits 4 instead of 0. A JSONL trace's lines that "
                                            "name a client_action keep it; --scenario sets its own."),
     abort_mode: str = typer.Option("mix", "--abort-mode", rich_help_panel=PANEL_WORKLOAD, help=_MIX_HELP),
     url: str | None = typer.Option(None, "--url", rich_help_panel=PANEL_URL, help="Target a running server (http://host:port): vlite serve, vLLM, SGLang, llama.cpp or TGI."),

@@ -33,8 +33,8 @@ SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "
 HEADERS = [_DIR / "cpu_amx.h", _DIR / "cpu_ops.h", _DIR / "cpu_prefetch.h", _DIR / "cpu_vec.h"]
 # What the build-time range in the notice rests on: the first builds measured for the README ("first
 # engine start"), and issue 40's on a 2-core EPYC that other tenants kept at load average 5-10.
-BUILD_TIME = ("68-131 s where measured (68-75 s on Intel, 131 s on a 2-core AMD EPYC), about 4 min on a 2-core "
-              "EPYC that other work kept busy")
+BUILD_TIME = ("68-131 s where measured (68-75 s on a 2-vCPU Intel Xeon, 131 s on a 2-core AMD EPYC), about 4 min "
+              "on a 2-core EPYC that other work kept busy")
 _lock = threading.Lock()
 _state: dict = {}
 

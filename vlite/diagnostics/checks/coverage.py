@@ -136,14 +136,20 @@ def lines(cov: dict | None) -> list[str]:
 
 
 # The paths leak-check exists for: a client that leaves while its request waits, prefills or
-# decodes. A CLEAN run that walked none of them has not tested the thing a user runs it for,
-# so the verdict line says so and the command exits 4, not 0 (targets/base.py EXIT_HEADLINE_NOT_EXERCISED).
+# decodes. The verdict line names each of them a run did not walk; a CLEAN run that walked none
+# of them has not tested the thing a user runs it for, and the command exits 4, not 0
+# (targets/base.py EXIT_HEADLINE_NOT_EXERCISED).
 HEADLINE = ("abort while waiting", "abort during prefill", "abort during decode")
 
 
 def headline_missing(not_exercised: list[str]) -> list[str]:
     """The headline paths (client aborts, ``HEADLINE``) among ``not_exercised``, in checklist order."""
     return [p for p in HEADLINE if p in not_exercised]
+
+
+def no_client_abort(not_exercised: list[str]) -> bool:
+    """Whether the run walked none of the headline paths: no client abort in any state."""
+    return len(headline_missing(not_exercised)) == len(HEADLINE)
 
 
 def caveat(not_exercised: list[str]) -> str | None:

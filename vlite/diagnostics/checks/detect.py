@@ -148,11 +148,12 @@ class Findings:
 
     @property
     def headline_not_exercised(self) -> bool:
-        """A run that would be CLEAN but walked none of some headline paths (client aborts,
-        ``coverage.HEADLINE``): the command exits 4 (``targets/base.py``), not 0."""
-        from vlite.diagnostics.checks.coverage import headline_missing
+        """A CLEAN run that walked none of the headline paths (a client abort while waiting,
+        during prefill or during decode: ``coverage.HEADLINE``): the command exits 4
+        (``targets/base.py``), not 0."""
+        from vlite.diagnostics.checks.coverage import no_client_abort
 
-        return self.verdict == "CLEAN" and bool(headline_missing(self.not_exercised))
+        return self.verdict == "CLEAN" and self.coverage is not None and no_client_abort(self.not_exercised)
 
     def summary(self, caveat: bool = True) -> str:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ...". With

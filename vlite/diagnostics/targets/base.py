@@ -127,7 +127,7 @@ class TargetRun:
         replay: the client's requests and idle points; None where no client ran (watch, Prometheus).
         interrupted: what a first Ctrl-C stopped, in words; None for a run that went to its end.
         headline_not_exercised: CLEAN, but the run walked (or, as a black box, sent) no client
-            abort of some headline kind (``checks/coverage.py`` HEADLINE): exit 4, not 0.
+            abort: none of ``checks/coverage.py``'s HEADLINE paths. Exit 4, not 0.
     """
 
     kind: str
