@@ -1,13 +1,12 @@
 """Ctrl-C of `vlite serve` while the model loads stops the server: no "ready" after "Finished
 server process", exit 0 within seconds (issue 40). Real subprocesses, real signals.
 
-The load is made to wait for as long as the test wants: the model's weight file is a named pipe
-(FIFO) that nobody writes, so opening it blocks, where a real load would only take a while."""
+The load is made to last 10 minutes: ``slow_load/sitecustomize.py`` on the server's PYTHONPATH
+puts a sleep before every ``LLMEngine`` (in the API server's process or the engine core's)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -16,15 +15,9 @@ from pathlib import Path
 import pytest
 from serve_harness import ServerProcess
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and FIFOs")
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
-
-def _model_with_blocking_weights(tiny_model_dir: Path, out: Path) -> Path:
-    shutil.copytree(tiny_model_dir, out)
-    weights = out / "model.safetensors"
-    weights.unlink()
-    os.mkfifo(weights)  # opening it for reading blocks until a writer comes: a load that never ends
-    return out
+SLOW_LOAD = Path(__file__).parent / "slow_load"
 
 
 def _wait_for(server: ServerProcess, needle: str, timeout: float = 120.0) -> None:
@@ -41,8 +34,9 @@ def _wait_for(server: ServerProcess, needle: str, timeout: float = 120.0) -> Non
 @pytest.mark.parametrize("frontend", ["--frontend-multiprocessing", "--disable-frontend-multiprocessing"],
                          ids=["engine-core-process", "in-process"])
 def test_sigint_during_the_model_load_stops_serve(tiny_model_dir, tmp_path, frontend):
-    model = _model_with_blocking_weights(tiny_model_dir, tmp_path / "model")
-    server = ServerProcess(model, tmp_path / "serve.log", frontend)
+    env = {"VLITE_TEST_SLOW_LOAD_S": "600",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_LOAD), os.environ.get("PYTHONPATH")]))}
+    server = ServerProcess(tiny_model_dir, tmp_path / "serve.log", frontend, env=env)
     try:
         _wait_for(server, "Uvicorn running on")  # bound, the load under way in the background
         time.sleep(1.0)
