@@ -157,17 +157,20 @@ class Findings:
 
     def summary(self, caveat: bool = True) -> str:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ...". With
-        ``caveat``, a verdict of a run that left checklist paths unwalked says so after the
-        verdict word ("CLEAN, but abort during decode was not exercised: ..."); a fixed
-        scenario, which walks one path on purpose, passes False."""
+        ``caveat``, a run that left checklist paths unwalked says so on it: a CLEAN one right
+        after the verdict word ("CLEAN, but abort during decode was not exercised: ..."), a
+        LEAK, ZOMBIE or HOST-LEAK one at the end; a fixed scenario, which walks one path on
+        purpose, passes False."""
         from vlite.diagnostics.checks.coverage import caveat as coverage_caveat
 
         line = self._verdict_summary()
         verdict = self.verdict
         words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
                                                                                   "INCONCLUSIVE") else None
-        if words and line.startswith(verdict + ": "):
-            line = f"{verdict}, but {words}: {line[len(verdict) + 2:]}"
+        if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
+            line = f"CLEAN, but {words}: {line[len('CLEAN: '):]}"
+        elif words:
+            line = f"{line}; {words}"
         return line
 
     def _verdict_summary(self) -> str:
