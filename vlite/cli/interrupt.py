@@ -43,7 +43,8 @@ def graceful_interrupt(what: str | Callable[[], str] = "the run") -> Iterator[th
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)  # at once: no thread joins, no drain
         stop.set()
-        sys.stderr.write(f"\ninterrupted: stopping {what() if callable(what) else what}, draining for a few seconds and writing the report of "
+        words = what() if callable(what) else what
+        sys.stderr.write(f"\ninterrupted: stopping {words}, draining for a few seconds and writing the report of "
                          "what was measured (Ctrl-C again to exit now)\n")
         sys.stderr.flush()
 

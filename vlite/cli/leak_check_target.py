@@ -53,7 +53,10 @@ def run_target(target, plan, console: Console, report: Path | None, t_start: flo
         plan.on_report = lambda run: write_run_report(run, report)
     progress = PhaseProgress(console)
     plan.on_progress = progress.update
-    what = (lambda: f"the {progress.phase}" if progress.phase else target.interruptible)
+
+    def what() -> str:  # the Ctrl-C message names the phase under way
+        return f"the {progress.phase}" if progress.phase else target.interruptible
+
     with graceful_interrupt(what) if target.interruptible else nullcontext() as stop:
         try:
             run = target.run(plan, stop=stop)
@@ -64,6 +67,10 @@ def run_target(target, plan, console: Console, report: Path | None, t_start: flo
         if t_start is not None:
             run.info["total_s"] = round(time.time() - t_start, 2)
         return finish(run, console, report)
+
+
+# What each phase before the replay does, for its progress line.
+PHASE_WORDS = {"calibration": "greedy runs that find stop tokens and strings"}
 
 
 class PhaseProgress:
@@ -84,7 +91,7 @@ class PhaseProgress:
             self.phase = phase
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), console=self.console, transient=False)
-            self._task = self._progress.add_task(f"{phase}: greedy runs that find stop tokens and strings",
+            self._task = self._progress.add_task(f"{phase}: {PHASE_WORDS.get(phase, 'before the replay')}",
                                                  total=total)
             self._progress.start()
         self._progress.update(self._task, completed=done, total=total)

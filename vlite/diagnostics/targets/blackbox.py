@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from vlite.diagnostics.checks.detect import Trend, trough_trend
-from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
+from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.samplers import Sampler
