@@ -86,3 +86,36 @@ def test_second_ctrl_c_exits_at_once(tiny_model_dir, tmp_path):
     proc.wait(timeout=10)
     assert proc.returncode == interrupt.EXIT_INTERRUPTED and time.time() - t0 < 5
     assert "Ctrl-C again to exit now" in proc.stderr.read()
+
+
+def test_ctrl_c_during_calibration_stops_it_within_seconds(tiny_model_dir, tmp_path):
+    # issue 40: calibration (greedy runs that find stop tokens, before the replay) ignored Ctrl-C.
+    # 300 requests whose stop token is the 400th greedy token, on a 64-block pool that runs two
+    # at a time: calibration alone would take minutes, so it is surely under way at the SIGINT.
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_len": 8, "max_tokens": 8, "stop_token_at": 400,
+                                         "client_action": "complete"}) + "\n" for _ in range(300)))
+    report = tmp_path / "rep"
+    cmd = [str(Path(sys.executable).parent / "vlite"), "leak-check", "--model", str(tiny_model_dir), "--workload",
+           str(trace), "--num-blocks", "64", "--report", str(report)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", COLUMNS="200")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    head = _wait_for_line(proc, "Ctrl-C stops early")
+    time.sleep(3.0)  # calibration under way
+    t_sigint = time.time()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("leak-check was still calibrating 60 s after Ctrl-C") from None
+    elapsed = time.time() - t_sigint
+    out = "".join(head) + out
+    assert proc.returncode == 130, out
+    assert "interrupted: stopping the calibration" in out and "stopping the replay" not in out, out
+    assert "calibration: greedy runs" in out, out  # its progress line
+    assert out.strip().splitlines()[-1].startswith("verdict: INTERRUPTED"), out
+    rep = json.loads((report / "report.json").read_text())
+    assert rep["verdict"] == "INTERRUPTED" and rep["client"]["outcomes"].get("not-sent") == 300
+    assert rep["drain"]["sign"] == "balanced"  # the calibration's requests were aborted and freed
+    assert elapsed < 20, f"took {elapsed:.0f} s to stop after Ctrl-C"

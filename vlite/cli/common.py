@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from vlite.engine import DEFAULT_MODEL, EngineArgs, EngineConfig
 
@@ -29,8 +30,8 @@ ModelOpt = typer.Option(DEFAULT_MODEL, "--model", "-m",
                         help="Local HF directory, .gguf file, or the default model's name.")
 
 
-def engine_args_options(*, include_faults: bool = False,
-                        help_extra: dict[str, str] | None = None) -> Callable[[Callable], Callable]:
+def engine_args_options(*, include_faults: bool = False, help_extra: dict[str, str] | None = None,
+                        panel: str | None = None) -> Callable[[Callable], Callable]:
     """Give a Typer command every ``EngineArgs`` option (vLLM's flag names and defaults).
 
     The decorated command declares one parameter ``engine_args: EngineArgs``; in the
@@ -41,8 +42,9 @@ def engine_args_options(*, include_faults: bool = False,
     per-request ``--seed``, ``leak-check``'s workload-dependent ``--max-num-batched-tokens``)
     keeps the command's option, and the command sets that ``EngineArgs`` field itself.
     ``help_extra`` maps a field name to a sentence this command adds to the option's help (where
-    the command changes what the option's default means). Turn the result into a config with
-    ``create_engine_config``.
+    the command changes what the option's default means). ``panel``: the help section of these
+    options (Typer's ``rich_help_panel``; ``PanelledCommand`` shows it). Turn the result into a
+    config with ``create_engine_config``.
     """
 
     def decorate(func: Callable) -> Callable:
@@ -60,7 +62,7 @@ def engine_args_options(*, include_faults: bool = False,
             default = f.default
             if f.name == "inject_faults":
                 annotation, default = list[str], []
-            option = typer.Option(default, *f.metadata["flags"],
+            option = typer.Option(default, *f.metadata["flags"], rich_help_panel=panel,
                                   help=" ".join(filter(None, (f.metadata["help"], (help_extra or {}).get(f.name)))))
             added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                            annotation=annotation))
@@ -86,6 +88,32 @@ def engine_args_options(*, include_faults: bool = False,
         return command
 
     return decorate
+
+
+class PanelledCommand(TyperCommand):
+    """A Typer command whose plain ``--help`` (main.py turns Rich help off: its boxes cut long
+    option names at 80 columns) lists the options in sections, one per ``rich_help_panel``, in
+    the order each panel first appears; options without a panel (``--help``) come last under
+    "Options". ``panel_order`` (set by ``panelled``) puts the panels it names first, in its
+    order. Use as ``app.command(name, cls=panelled(order))``."""
+
+    panel_order: tuple[str, ...] = ()
+
+    def format_options(self, ctx, formatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and param.param_type_name == "option":
+                sections.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        order = {title: i for i, title in enumerate(self.panel_order)}
+        for title, rows in sorted(sections.items(), key=lambda kv: (kv[0] == "Options", order.get(kv[0], len(order)))):
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def panelled(panel_order: tuple[str, ...]) -> type[PanelledCommand]:
+    """A ``PanelledCommand`` class that lists the panels of ``panel_order`` first, in that order."""
+    return type("PanelledCommand", (PanelledCommand,), {"panel_order": tuple(panel_order)})
 
 
 def create_engine_config(engine_args: EngineArgs) -> EngineConfig:

@@ -15,21 +15,22 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 @contextmanager
-def graceful_interrupt(what: str = "the run") -> Iterator[threading.Event]:
+def graceful_interrupt(what: str | Callable[[], str] = "the run") -> Iterator[threading.Event]:
     """Within the block, the first SIGINT sets the yielded event (the run stops, drains and
     reports); a second one exits at once with code 130, also while the report is written (keep
     the report writing inside the block). Only the main thread can install a
     signal handler; elsewhere (a test runner's worker thread) the block runs with Ctrl-C as is.
 
     Args:
-        what: the words for the run in the message printed at the first Ctrl-C.
+        what: the words for the run in the message printed at the first Ctrl-C, or a function
+            that returns them for the phase the run is in ("the calibration", "the replay").
     """
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -42,7 +43,8 @@ def graceful_interrupt(what: str = "the run") -> Iterator[threading.Event]:
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)  # at once: no thread joins, no drain
         stop.set()
-        sys.stderr.write(f"\ninterrupted: stopping {what}, draining for a few seconds and writing the report of "
+        words = what() if callable(what) else what
+        sys.stderr.write(f"\ninterrupted: stopping {words}, draining for a few seconds and writing the report of "
                          "what was measured (Ctrl-C again to exit now)\n")
         sys.stderr.flush()
 

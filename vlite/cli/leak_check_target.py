@@ -51,14 +51,58 @@ def run_target(target, plan, console: Console, report: Path | None, t_start: flo
     plan.on_line = print_line(console)
     if report is not None:
         plan.on_report = lambda run: write_run_report(run, report)
-    with graceful_interrupt(target.interruptible) if target.interruptible else nullcontext() as stop:
+    progress = PhaseProgress(console)
+    plan.on_progress = progress.update
+
+    def what() -> str:  # the Ctrl-C message names the phase under way
+        return f"the {progress.phase}" if progress.phase else target.interruptible
+
+    with graceful_interrupt(what) if target.interruptible else nullcontext() as stop:
         try:
             run = target.run(plan, stop=stop)
         except TargetError as exc:
             common.fail(str(exc))
+        finally:
+            progress.close()
         if t_start is not None:
             run.info["total_s"] = round(time.time() - t_start, 2)
         return finish(run, console, report)
+
+
+# What each phase before the replay does, for its progress line.
+PHASE_WORDS = {"calibration": "greedy runs that find stop tokens and strings"}
+
+
+class PhaseProgress:
+    """A Rich progress line for a phase before the replay (``TargetPlan.on_progress``): the
+    calibration's greedy runs, done of total. ``phase`` is the phase under way (None between
+    phases), which the Ctrl-C message names."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.phase: str | None = None
+        self._progress = None
+        self._task = None
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self._progress is None:
+            self.phase = phase
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=self.console, transient=False)
+            self._task = self._progress.add_task(f"{phase}: {PHASE_WORDS.get(phase, 'before the replay')}",
+                                                 total=total)
+            self._progress.start()
+        self._progress.update(self._task, completed=done, total=total)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        """End the progress line (the phase is over, or the run stopped or failed)."""
+        if self._progress is not None:
+            self._progress.stop()
+        self._progress, self._task, self.phase = None, None, None
 
 
 def finish(run, console: Console, report: Path | None) -> int:

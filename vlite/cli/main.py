@@ -43,7 +43,7 @@ def _register_optional() -> None:
             if exc.name != module:
                 raise
             continue
-        app.command(name)(getattr(mod, name.replace("-", "_")))
+        app.command(name, **getattr(mod, "COMMAND_OPTIONS", {}))(getattr(mod, name.replace("-", "_")))
     try:
         bench = importlib.import_module("vlite.cli.bench")
     except ModuleNotFoundError as exc:

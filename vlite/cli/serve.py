@@ -2,12 +2,14 @@
 
 Flags follow ``vllm serve``. The socket is bound first and the model loads in the
 background (routes answer 503 until it is ready). SIGINT/SIGTERM: stop taking requests,
-abort those in flight (their blocks go back to the free list), exit 0.
+abort those in flight (their blocks go back to the free list), exit 0; during the model load
+they stop the load too (the engine core process is killed) and exit 0 at once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +20,8 @@ import uvicorn
 
 from vlite.cli import common
 from vlite.engine import EngineArgs
+from vlite.entrypoints import access_log
+from vlite.entrypoints.access_log import DEFAULT_EXCLUDED
 from vlite.entrypoints.header_timeout import DEFAULT_HEADER_READ_TIMEOUT_S
 from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
@@ -67,6 +71,13 @@ def serve(
              "in a thread of the API server's process (docs/benchmarks.md has both measured)."),
     uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level", callback=_check_log_level,
                                           help=f"uvicorn's log level ({', '.join(UVICORN_LOG_LEVELS)})."),
+    disable_access_log_for_endpoints: str = typer.Option(
+        DEFAULT_EXCLUDED, "--disable-access-log-for-endpoints",
+        help="Comma-separated paths whose access-log lines are left out (vLLM's flag and syntax, matched on "
+             "the path without its query). vlite's default leaves out the pollers' /health and /metrics (a "
+             "leak check scrapes /metrics every 100 ms); '' logs every path, as vLLM does by default."),
+    disable_uvicorn_access_log: bool = typer.Option(False, "--disable-uvicorn-access-log",
+                                                    help="No access-log line at all (vLLM's flag)."),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API."""
     from vlite.engine import DEFAULT_MODEL_ALIASES, LLMEngine, ModelNotFoundError, check_engine_config
@@ -82,6 +93,10 @@ def serve(
     try:  # before binding: a bad device, dtype or tensor-parallel size is one line and exit 2
         check_engine_config(config)
     except (ModelNotFoundError, ValueError) as exc:
+        common.fail(str(exc))
+    try:
+        excluded_paths = access_log.parse_paths(disable_access_log_for_endpoints)
+    except ValueError as exc:
         common.fail(str(exc))
     _check_can_listen(host, port)
     settings = ServerSettings(api_key=api_key or None, served_model_names=tuple(served_model_name or ()),
@@ -105,11 +120,20 @@ def serve(
         app = create_app(settings, lambda: LLMEngine(config), on_fatal=on_fatal)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=uvicorn_log_level,
                                     timeout_graceful_shutdown=10, http=with_header_timeout(header_read_timeout),
-                                    limit_concurrency=limit_concurrency, timeout_keep_alive=timeout_keep_alive),
+                                    limit_concurrency=limit_concurrency, timeout_keep_alive=timeout_keep_alive,
+                                    access_log=not disable_uvicorn_access_log),
                      app.state.server)
+    access_log.install(excluded_paths)  # after uvicorn.Config, which configures its loggers
     server.run()
     if not server.started and exit_code == 0:
         exit_code = 1  # e.g. the port was taken (uvicorn logged why)
+    if app.state.server.load_abandoned:
+        # Ctrl-C during the model load: the in-process load goes on in a daemon thread; exit now
+        # rather than let the interpreter's shutdown meet it halfway through torch.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     sys.exit(exit_code)
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -144,10 +146,40 @@ def _openapi(app: FastAPI, state: ServerState) -> dict:
     return app.openapi_schema
 
 
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """``await fn()`` run in a daemon thread. Unlike ``asyncio.to_thread`` nothing waits for the
+    thread when the event loop closes: a Ctrl-C during a model load ends the server at once
+    instead of after the load (``asyncio.run`` joins its executor's threads)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        def settle() -> None:
+            if not future.done():  # cancelled: the server stopped while loading
+                setter(value)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed: nobody waits for the result any more
+            pass
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            deliver(future.set_exception, exc)
+        else:
+            deliver(future.set_result, result)
+
+    threading.Thread(target=run, name="vlite-model-load", daemon=True).start()
+    return await future
+
+
 async def _load(state: ServerState, load_engine: Callable[[], LLMEngine] | None, on_fatal: Callable[[str], None],
-                core_config: EngineConfig | None = None) -> None:
+                core_config: EngineConfig | None = None,
+                cancel_load: list[Callable[[], None]] | None = None) -> None:
     """Load the model off the event loop (in this process, or in the engine core process when
-    ``core_config`` is given), then start the engine loop and mark the server ready."""
+    ``core_config`` is given), then start the engine loop and mark the server ready.
+    ``cancel_load`` gets a function that stops a load under way (kills the engine core process)."""
     metrics_box: list[ServerMetrics] = []
 
     def observe(out) -> None:  # metrics exist once the model's name is known
@@ -164,12 +196,16 @@ async def _load(state: ServerState, load_engine: Callable[[], LLMEngine] | None,
             async_engine = MPAsyncLLMEngine(core_config, on_output=observe, on_death=on_death,
                                             log_stats=state.settings.log_stats,
                                             log_stats_interval=state.settings.log_stats_interval)
-            await asyncio.to_thread(async_engine.launch)
+            if cancel_load is not None:
+                cancel_load.append(async_engine.core.cancel_launch)
+            await _in_daemon_thread(async_engine.launch)
         else:
-            engine = await asyncio.to_thread(load_engine)
+            engine = await _in_daemon_thread(load_engine)
             async_engine = AsyncLLMEngine(engine, on_output=observe, log_stats=state.settings.log_stats,
                                           log_stats_interval=state.settings.log_stats_interval, on_fatal=on_death)
     except Exception as exc:  # noqa: BLE001 - any load failure ends the server with its message
+        if state.status == "shutting_down":  # the load was stopped (Ctrl-C): not a failure
+            return
         state.status = "failed"
         state.load_error = str(exc) if isinstance(exc, EngineCoreStartError) else f"{type(exc).__name__}: {exc}"
         logger.error("failed to load the model: %s", state.load_error)
@@ -213,12 +249,18 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        loader = asyncio.create_task(_load(state, load_engine, on_fatal or (lambda msg: None), core_config))
+        cancel_load: list[Callable[[], None]] = []
+        loader = asyncio.create_task(_load(state, load_engine, on_fatal or (lambda msg: None), core_config,
+                                           cancel_load))
         census = asyncio.create_task(state.census.serve())  # waits for idle points (none while loading)
         yield
         census.cancel()
         state.begin_shutdown()
-        if not loader.done():
+        if not loader.done():  # stopped while loading: the load is abandoned, not waited for
+            logger.info("stopped while loading the model: the load is abandoned")
+            state.load_abandoned = True
+            for cancel in cancel_load:
+                cancel()
             loader.cancel()
         if state.engine is not None:
             await state.engine.shutdown()

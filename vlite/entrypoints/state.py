@@ -54,6 +54,7 @@ class ServerState:
     model_root: str | None = None
     max_model_len: int | None = None
     load_error: str | None = None
+    load_abandoned: bool = False  # shutdown began while the model loaded (Ctrl-C): the load was left
     max_prompt_chars: int | None = None  # set on first use (vlite.entrypoints.serving.max_prompt_chars)
     requests_in_flight: int = 0
     census: ApiServerCensus | None = None

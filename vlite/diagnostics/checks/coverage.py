@@ -133,3 +133,37 @@ def lines(cov: dict | None) -> list[str]:
     if not cov["not_exercised"]:
         out.append(f"coverage: all {len(PATHS)} engine paths of the checklist exercised")
     return out
+
+
+# The paths leak-check exists for: a client that leaves while its request waits, prefills or
+# decodes. The verdict line names each of them a run did not walk; a CLEAN run that walked none
+# of them has not tested the thing a user runs it for, and the command exits 4, not 0
+# (targets/base.py EXIT_HEADLINE_NOT_EXERCISED).
+HEADLINE = ("abort while waiting", "abort during prefill", "abort during decode")
+
+
+def headline_missing(not_exercised: list[str]) -> list[str]:
+    """The headline paths (client aborts, ``HEADLINE``) among ``not_exercised``, in checklist order."""
+    return [p for p in HEADLINE if p in not_exercised]
+
+
+def no_client_abort(not_exercised: list[str]) -> bool:
+    """Whether the run walked none of the headline paths: no client abort in any state."""
+    return len(headline_missing(not_exercised)) == len(HEADLINE)
+
+
+def caveat(not_exercised: list[str]) -> str | None:
+    """The verdict line's caveat for paths a run did not exercise, short: the headline ones by
+    name, the rest counted ("abort during decode was not exercised, nor 8 other checklist
+    paths"); with no headline path missing, the first other path by name and the rest counted.
+    None when every path was exercised."""
+    if not not_exercised:
+        return None
+    named = headline_missing(not_exercised) or [not_exercised[0]]
+    rest = len(not_exercised) - len(named)
+    words = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+    words += " was not exercised" if len(named) == 1 else " were not exercised"
+    if rest:
+        others = "other checklist path" if rest == 1 else "other checklist paths"
+        words += f", nor {rest} {others}"
+    return words

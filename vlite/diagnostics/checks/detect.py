@@ -154,8 +154,39 @@ class Findings:
         who = "1 request outlived its client" if len(rows) == 1 else f"{len(rows)} requests outlived their clients"
         return f"{who} by more than {' or '.join(bounds)} (zombies)"
 
-    def summary(self) -> str:
-        """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ..."."""
+    @property
+    def not_exercised(self) -> list[str]:
+        """Checklist paths the run did not walk (coverage.py); empty where coverage is unknown."""
+        return list((self.coverage or {}).get("not_exercised") or [])
+
+    @property
+    def headline_not_exercised(self) -> bool:
+        """A CLEAN run that walked none of the headline paths (a client abort while waiting,
+        during prefill or during decode: ``coverage.HEADLINE``): the command exits 4
+        (``targets/base.py``), not 0."""
+        from vlite.diagnostics.checks.coverage import no_client_abort
+
+        return self.verdict == "CLEAN" and self.coverage is not None and no_client_abort(self.not_exercised)
+
+    def summary(self, caveat: bool = True) -> str:
+        """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ...". With
+        ``caveat``, a run that left checklist paths unwalked says so on it: a CLEAN one right
+        after the verdict word ("CLEAN, but abort during decode was not exercised: ..."), a
+        LEAK, ZOMBIE or HOST-LEAK one at the end; a fixed scenario, which walks one path on
+        purpose, passes False."""
+        from vlite.diagnostics.checks.coverage import caveat as coverage_caveat
+
+        line = self._verdict_summary()
+        verdict = self.verdict
+        words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
+                                                                                  "INCONCLUSIVE") else None
+        if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
+            line = f"CLEAN, but {words}: {line[len('CLEAN: '):]}"
+        elif words:
+            line = f"{line}; {words}"
+        return line
+
+    def _verdict_summary(self) -> str:
         zombie_part = self._zombie_part() if self.zombie else ""
         if self.interrupted_verdict:
             d = self.drain

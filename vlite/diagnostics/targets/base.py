@@ -30,8 +30,10 @@ if TYPE_CHECKING:  # types only: importing the checks loads torch, and the CLI i
     from vlite.diagnostics.workload.sources import RequestSpec
 
 # Exit codes by verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT); every other
-# verdict (LEAK, ZOMBIE, HOST-LEAK) 1.
+# verdict (LEAK, ZOMBIE, HOST-LEAK) 1. A CLEAN run that sent or walked no client abort exits 4
+# instead (EXIT_HEADLINE_NOT_EXERCISED, ``TargetRun.exit_code``); 2 is a usage error.
 EXIT_CODES = {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
+EXIT_HEADLINE_NOT_EXERCISED = 4
 
 
 def exit_code(verdict: str) -> int:
@@ -76,6 +78,10 @@ class TargetPlan:
             a report directory stays current while the run goes on.
         trace_allocations: the in-process target traces Python allocations over the replay
             (``alloc_trace.py``).
+        on_progress: called as ``on_progress(phase, done, total)`` during a phase before the
+            replay ("calibration": greedy runs of ``workload/calibrate.py``), at its start (0)
+            and after each step of it; the last call has ``done == total`` unless a Ctrl-C cut
+            the phase short.
     """
 
     specs: list[RequestSpec] = field(default_factory=list)
@@ -91,6 +97,7 @@ class TargetPlan:
     on_line: Callable[[str], None] = _silent
     on_report: Callable[[TargetRun], None] | None = None
     trace_allocations: bool = False
+    on_progress: Callable[[str, int, int], None] | None = None
 
     def wave_size(self) -> int:
         """Requests per wave for this plan's specs (``default_wave``)."""
@@ -99,7 +106,8 @@ class TargetPlan:
     def replay_options(self) -> dict:
         """The keyword arguments of ``run_in_process`` and ``run_http`` besides the specs and ``stop``."""
         return {"max_concurrency": self.max_concurrency, "idle_every": self.wave_size(),
-                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options}
+                "sample_interval_s": self.sample_interval_s, "info": self.info, "zombie_options": self.zombie_options,
+                "on_progress": self.on_progress}
 
 
 @dataclass
@@ -118,6 +126,8 @@ class TargetRun:
         notes: lines the report adds under "notes"; the same list as the result's.
         replay: the client's requests and idle points; None where no client ran (watch, Prometheus).
         interrupted: what a first Ctrl-C stopped, in words; None for a run that went to its end.
+        headline_not_exercised: CLEAN, but the run walked (or, as a black box, sent) no client
+            abort: none of ``checks/coverage.py``'s HEADLINE paths. Exit 4, not 0.
     """
 
     kind: str
@@ -129,17 +139,22 @@ class TargetRun:
     notes: list[str]
     replay: ReplayResult | None = None
     interrupted: str | None = None
+    headline_not_exercised: bool = False
 
     @property
     def exit_code(self) -> int:
-        """The command's exit code for this run's verdict (``exit_code``)."""
+        """The command's exit code for this run's verdict (``exit_code``); 4 for a CLEAN run
+        whose headline paths (client aborts) were not exercised."""
+        if self.verdict == "CLEAN" and self.headline_not_exercised:
+            return EXIT_HEADLINE_NOT_EXERCISED
         return exit_code(self.verdict)
 
     @classmethod
     def of_run_result(cls, kind: str, run: RunResult) -> TargetRun:
         """The ``TargetRun`` of a ``RunResult`` (the in-process and vlite-serve targets)."""
         f = run.findings
-        return cls(kind, f.verdict, f.summary(), run, run.samples, run.info, f.notes, run.replay, f.interrupted)
+        return cls(kind, f.verdict, f.summary(), run, run.samples, run.info, f.notes, run.replay, f.interrupted,
+                   headline_not_exercised=f.headline_not_exercised)
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from vlite.diagnostics.checks.detect import Trend, trough_trend
-from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
+from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.samplers import Sampler
@@ -153,6 +153,7 @@ class BlackboxResult:
     notes: list[str] = field(default_factory=list)
     source: str = "blackbox"  # blackbox | log
     zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
+    headline_not_exercised: bool = False  # CLEAN, but the waves sent no client abort: exit 4 (base.py)
 
     @property
     def residual(self) -> float | None:
@@ -160,11 +161,12 @@ class BlackboxResult:
 
     @property
     def exit_code(self) -> int:
-        return exit_code(self.verdict)
+        return self.as_target_run(self.source).exit_code
 
     def as_target_run(self, kind: str) -> TargetRun:
         """This result as the ``TargetRun`` of a target of ``kind`` ("blackbox" or "log")."""
-        return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes, self.replay)
+        return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes, self.replay,
+                         headline_not_exercised=self.headline_not_exercised)
 
 
 def _rss(memory) -> int | None:
@@ -379,9 +381,13 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
              "drain_timeout_s": drain_timeout_s, "bisect_budget_s": bisect_budget_s, **(info or {})}
     notes.extend(out.notes)
     notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
+    # a black box shows no engine path, but whether the waves sent a client abort it knows
+    no_abort = verdict == "CLEAN" and not any(s.action.is_abort for s in specs)
+    if no_abort:
+        summary = summary.replace("CLEAN: ", "CLEAN, but no client abort was sent (--abort-rate 0): ", 1)
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
-                          list(getattr(memory, "last_tree", [])), notes)
+                          list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort)
 
 
 class BlackboxTarget:

@@ -93,11 +93,15 @@ def census_from_metrics(text: str) -> dict | None:
 
 def http_greedy(base: str, client: httpx.Client):
     """Greedy calibration runs over HTTP (calibrate.py): completions with logprobs give each
-    token's text; /tokenize of the text gives the ids."""
+    token's text; /tokenize of the text gives the ids. One request at a time: ``stop`` (a first
+    Ctrl-C) is read before each, so calibration ends within one request."""
 
-    def run(items):
+    def run(items, stop=None, on_done=None):
         out = []
         for spec, max_tokens in items:
+            if stop is not None and stop.is_set():
+                out.append(None)
+                continue
             body = {"prompt": spec.prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
                     "logprobs": 0}
             try:
@@ -112,6 +116,8 @@ def http_greedy(base: str, client: httpx.Client):
             except (httpx.HTTPError, KeyError, ValueError, IndexError):
                 ids, texts = [], [""]
             out.append((list(ids), texts))
+            if on_done is not None:
+                on_done(len(out))
         return out
     return run
 
@@ -210,10 +216,11 @@ def _mark_interrupted(out: ReplayResult) -> None:
 
 def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
              sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None,
-             stop=None) -> RunResult:
+             stop=None, on_progress=None) -> RunResult:
     """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
-    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): send no more, drain a few seconds,
-    and report what was measured (verdict INTERRUPTED).
+    ``stop`` (a ``threading.Event`` set by a first Ctrl-C): end the calibration or the replay,
+    send no more, drain a few seconds, and report what was measured (verdict INTERRUPTED).
+    ``on_progress("calibration", done, total)``: the calibration's progress (``TargetPlan``).
 
     Raises:
         TargetError: the server is unreachable or has no vlite block metrics.
@@ -230,7 +237,8 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     from vlite.diagnostics.workload.calibrate import calibrate, needs_calibration
 
     if needs_calibration(specs):
-        specs = calibrate(specs, http_greedy(base, sync))
+        specs = calibrate(specs, http_greedy(base, sync), stop=stop,
+                          on_progress=(lambda d, t: on_progress("calibration", d, t)) if on_progress else None)
     metrics_before = sync.get(f"{base}/metrics").text
     coverage_before = coverage.from_metrics_text(metrics_before)
     pid = listening_pid(base)

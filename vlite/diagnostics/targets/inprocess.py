@@ -264,7 +264,7 @@ class InProcessClient:
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
                    sample_interval_s: float = 0.1, info: dict | None = None,
                    zombie_options: dict | None = None, stop: threading.Event | None = None,
-                   trace_allocations: bool = False) -> RunResult:
+                   trace_allocations: bool = False, on_progress=None) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
 
     ``trace_allocations``: run ``tracemalloc`` over the replay and add the Python allocation
@@ -273,8 +273,9 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
     The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
-    coverage counts are taken from after the calibration. ``stop`` (set by a first Ctrl-C)
-    ends the replay early: the run is drained for a few seconds and its findings say
+    coverage counts are taken from after the calibration, which reports its progress to
+    ``on_progress("calibration", done, total)``. ``stop`` (set by a first Ctrl-C) ends the
+    calibration or the replay early: the run is drained for a few seconds and its findings say
     INTERRUPTED, with every sample taken so far.
     """
     from vlite.diagnostics.checks.registries import sizes_source
@@ -282,7 +283,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
     view = EngineView(engine)
     if needs_calibration(specs):
-        specs = calibrate(specs, engine_greedy(engine))
+        specs = calibrate(specs, engine_greedy(engine), stop=stop,
+                          on_progress=(lambda d, t: on_progress("calibration", d, t)) if on_progress else None)
     coverage_before = view.coverage().to_dict()
     facts = view.info()
     memory = MemoryProbe(in_process_cuda=facts.device == "cuda", worker_pids=facts.worker_pids)

@@ -138,6 +138,14 @@ class MPClient:
         self._sendq: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._join_lock = threading.Lock()
+        self._launch_cancelled = False
+
+    def cancel_launch(self) -> None:
+        """Stop a ``launch()`` under way from another thread (the server stopped while the model
+        loaded): the core process is killed, and ``launch()`` raises EngineCoreStartError."""
+        self._launch_cancelled = True
+        if self._proc is not None and self._proc.is_alive():
+            self._kill()
 
     def launch(self, timeout: float | None = None) -> dict[str, Any]:
         """Spawn the core process and wait for its "ready" (blocking); returns its info.
@@ -156,6 +164,9 @@ class MPClient:
                                        self.log_stats, self.log_stats_interval))
         self._proc.start()
         atexit.register(self._atexit)
+        if self._launch_cancelled:  # cancelled while the process started
+            self._kill()
+            raise EngineCoreStartError("the model load was stopped")
         in_recv.close()  # the child's ends: closed here, so either side sees EOF when the other exits
         out_send.close()
         self._in, self._out = in_send, out_recv
