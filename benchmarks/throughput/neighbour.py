@@ -7,11 +7,11 @@ thread, killed at the end, also on Ctrl-C). Prints the four output-token rates, 
 slowdown (quiet / beside the neighbour) and the load average (``/proc/loadavg``) before each run,
 since a "quiet" run on a shared machine is only as quiet as its load says.
 
-    .venv/bin/python benchmarks/throughput/neighbour.py                        # about 2-4 minutes
+    .venv/bin/python benchmarks/throughput/neighbour.py                        # a few minutes; more on a loaded machine
     .venv/bin/python benchmarks/throughput/neighbour.py --env OMP_NUM_THREADS=1 --env OMP_WAIT_POLICY=ACTIVE
     .venv/bin/python benchmarks/throughput/neighbour.py --num-prompts 64 --output-len-range 16:256  # W1 in full
 
-The default is W1 (docs/benchmarks.md) cut short: 16 prompts of 32-256 tokens, 16-64 output
+The default is W1 (docs/benchmarks.md) cut short: 8 prompts of 32-256 tokens, 16-32 output
 tokens, seed 0. ``--env KEY=VALUE`` (repeatable) sets a variable for both runs, e.g. to compare
 thread settings (``KEY=`` removes one). The figures are in docs/benchmarks.md ("Beside other work").
 """
@@ -53,7 +53,7 @@ def run_bench(args: argparse.Namespace, env: dict[str, str]) -> dict:
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed with exit {proc.returncode}:\n{proc.stderr[-2000:]}")
         data = json.loads(out.read_text())
-        threads = [line for line in proc.stderr.splitlines() if "threads" in line]
+        threads = [line for line in proc.stderr.splitlines() if line.startswith("CPU threads:")]
     return {"loadavg_before": load, "wall_s": round(time.perf_counter() - t0, 1),
             "vlite_output_tok_s": data["output_tokens_per_second"],
             "hf_output_tok_s": data["baselines"]["hf-static"]["output_tokens_per_second"],
@@ -62,9 +62,9 @@ def run_bench(args: argparse.Namespace, env: dict[str, str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--input-len-range", default="32:256")
-    parser.add_argument("--output-len-range", default="16:64")
+    parser.add_argument("--output-len-range", default="16:32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default="float32")

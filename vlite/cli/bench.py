@@ -91,7 +91,7 @@ def _say_interrupted(what: str) -> None:
 
 def _say_threads() -> None:
     """The CPU thread report's line on stderr, and a warning when the machine is oversubscribed."""
-    from vlite.engine.worker.cpu_threads import thread_report
+    from vlite.engine import thread_report
 
     report = thread_report()
     common.err_console.print(report.line(), highlight=False, soft_wrap=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlite.engine.worker.cpu_threads import apply_openmp_defaults
+from vlite.engine import apply_openmp_defaults
 
 # before anything imports torch: OpenMP reads its wait policy once, when it loads (cpu_threads.py)
 apply_openmp_defaults()

@@ -17,8 +17,7 @@ import typer
 import uvicorn
 
 from vlite.cli import common
-from vlite.engine import EngineArgs
-from vlite.engine.worker.cpu_threads import log_thread_report
+from vlite.engine import EngineArgs, log_thread_report
 from vlite.entrypoints.header_timeout import DEFAULT_HEADER_READ_TIMEOUT_S
 from vlite.entrypoints.state import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerState
 
