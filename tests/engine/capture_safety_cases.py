@@ -30,7 +30,7 @@ if not ON_GPU:
 
 from vlite.engine.worker.cuda_graphs import DecodeGraphRunner, pick_bucket  # noqa: E402 (the interpreter flag must be set first)
 from vlite.engine.worker.loader import LoadedCheckpoint  # noqa: E402
-from vlite.engine.worker.model_runner import ModelRunner, StepInput  # noqa: E402
+from vlite.engine.worker.model_runner import ModelRunner, StepInput, copy_kv_blocks  # noqa: E402
 from vlite.kernels import torch_ref  # noqa: E402
 from vlite.kernels import triton_store_kvcache as tsk  # noqa: E402
 from vlite.kernels.fused_ops import TorchOps  # noqa: E402
@@ -177,6 +177,24 @@ def test_fused_rotary_store_writes_through_the_backends_store_without_a_sync():
     torch.testing.assert_close(k_flat[[5, 2]], k[[0, 2]])
     torch.testing.assert_close(v_flat[[5, 2]], v[[0, 2]])
     assert int(caches[0].isnan().all(-1).all(-1).flatten().logical_not().sum()) == 2  # nothing else written
+
+
+def test_copy_on_write_block_copy_does_not_sync():
+    """Copy-on-write's per-layer copies (``copy_kv_blocks``: index_select + index_copy_) read the
+    block ids on the device only; the ids cross to the device once, before, as they did before."""
+    runner = tiny_runner()
+    for k, v in runner.kv_caches:
+        k.normal_()
+        v.normal_()
+    before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    src = torch.tensor([3, 7], device=DEVICE)
+    dst = torch.tensor([12, 13], device=DEVICE)
+    guard = HostSyncGuard(DEVICE)
+    with torch.inference_mode(), guard:
+        copy_kv_blocks(runner.kv_caches, src, dst)
+    assert guard.seen >= 4 * runner.model.num_layers
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before):
+        assert torch.equal(k[[12, 13]], k0[[3, 7]]) and torch.equal(v[[12, 13]], v0[[3, 7]])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

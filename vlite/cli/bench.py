@@ -89,6 +89,17 @@ def _say_interrupted(what: str) -> None:
     common.err_console.print(f"[bold yellow]INTERRUPTED:[/] {what}", highlight=False, soft_wrap=True)
 
 
+def _say_threads() -> None:
+    """The CPU thread report's line on stderr, and a warning when the machine is oversubscribed."""
+    from vlite.engine import thread_report
+
+    report = thread_report()
+    common.err_console.print(report.line(), highlight=False, soft_wrap=True)
+    warning = report.oversubscribed()
+    if warning:
+        common.warn(warning)
+
+
 def _write_json(path: Path | None, data: dict) -> None:
     if path is not None:
         Path(path).write_text(json.dumps(data, indent=4) + "\n")
@@ -142,6 +153,7 @@ def throughput(
     common.err_console.print(f"vlite: {engine.model_name}, {dtype}, device {device}, "
                              f"{common.plural(len(requests), 'request')}, torch threads {torch.get_num_threads()}, "
                              f"CPU GEMM {engine.cpu_gemm or '-'}")
+    _say_threads()
     with graceful_interrupt("the benchmark") as stop:
         try:
             result = runners.run_vlite(engine, requests, show_progress=progress, stop=stop)
@@ -230,6 +242,7 @@ def latency(
     common.err_console.print(f"vlite: {engine.model_name}, batches of {common.plural(batch_size, 'request')}, "
                              f"{num_iters_warmup} warm-up + {num_iters} timed iterations (Ctrl-C stops and prints what "
                              "was measured)", highlight=False)
+    _say_threads()
     latencies: list[float] = []
     with graceful_interrupt("the benchmark") as stop, runners.progress_bar(progress) as bar:
         task = bar.add_task("Warmup iterations", total=num_iters_warmup)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import typer
+from vlite.engine import apply_openmp_defaults
 
-from vlite import __version__
-from vlite.cli import generate
+# before anything imports torch: OpenMP reads its wait policy once, when it loads (cpu_threads.py)
+apply_openmp_defaults()
+
+import typer  # noqa: E402
+
+from vlite import __version__  # noqa: E402
+from vlite.cli import generate  # noqa: E402
 
 app = typer.Typer(
     name="vlite",

@@ -19,7 +19,7 @@ import typer
 import uvicorn
 
 from vlite.cli import common
-from vlite.engine import EngineArgs
+from vlite.engine import EngineArgs, log_thread_report
 from vlite.entrypoints import access_log
 from vlite.entrypoints.access_log import DEFAULT_EXCLUDED
 from vlite.entrypoints.header_timeout import DEFAULT_HEADER_READ_TIMEOUT_S
@@ -104,6 +104,7 @@ def serve(
                               max_request_body_bytes=max_request_body_bytes, log_stats=log_stats,
                               log_stats_interval=log_stats_interval, max_n=max_n)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    log_thread_report(logging.getLogger("vlite.server"))  # threads, wait policy, CPUs; warns when oversubscribed
     if faults:
         logging.getLogger("vlite.server").warning("planted faults enabled: %s", ", ".join(faults))
 

@@ -45,6 +45,7 @@ from vlite.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vlite.engine.worker.cpu_threads import apply_openmp_defaults, log_thread_report, thread_report
 from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 from vlite.lazy import lazy_getattr
 
@@ -100,6 +101,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "apply_openmp_defaults",
+    "log_thread_report",
+    "thread_report",
     "API_SERVER_MODULES",
     "ASYNC_REGISTRIES",
     "AsyncEngineClient",

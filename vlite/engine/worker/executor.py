@@ -253,13 +253,14 @@ class MultiprocExecutor(DistributedExecutor):
         super().__init__(config, faults)
         import multiprocessing as mp
 
+        from vlite.engine.worker.cpu_threads import available_cpus
         from vlite.engine.worker.worker import worker_main
 
         n = self.tensor_parallel_size
         port = rendezvous_port()
         ctx = mp.get_context("spawn")
         threads = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() \
-            else max(1, (os.cpu_count() or 1) // n)
+            else max(1, available_cpus() // n)  # the affinity mask's CPUs, not the host's
         spec = WorkerSpec(**spec_args, tp_size=n, init_method=f"tcp://127.0.0.1:{port}", num_threads=threads)
         self.procs = []
         self.conns = []

@@ -57,6 +57,24 @@ class SequenceError(RuntimeError):
         self.seq_ids = seq_ids
 
 
+def copy_kv_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy blocks ``src[i]`` into blocks ``dst[i]`` of every layer's K and V cache, in place.
+
+    kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim];
+    src, dst: [P] int64 block ids on the caches' device, dst ids distinct. Every source is read
+    before any destination is written (a dst that is also a src gives its old contents).
+
+    One gather (``index_select``) and one indexed copy (``index_copy_``) along the block dim per
+    cache tensor. The scattered assignment it replaces (``k_cache[dst] = k_cache[src]``, i.e.
+    ``index_put_``) took 972 ms for one pair over 30 layers beside a busy process on 2 cores, against
+    about 1 ms in one thread (issue 40; docs/benchmarks.md, "Beside other work"). Neither op
+    reads the ids on the host: no host sync on a GPU.
+    """
+    for k_cache, v_cache in kv_caches:
+        k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+        v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
+
 @dataclass
 class StepInput:
     """One step, flattened, in plain lists (what the engine sends each rank once per step).
@@ -352,12 +370,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: copy K/V of block src into block dst in every layer."""
+        """Copy-on-write: copy K/V of block src into block dst in every layer, for each
+        (src, dst) pair (``copy_kv_blocks``; the pairs' ids go to the device in one copy each)."""
         src = torch.tensor([c[0] for c in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([c[1] for c in copies], dtype=torch.long, device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
+        copy_kv_blocks(self.kv_caches, src, dst)
 
     @torch.inference_mode()
     def execute_model(self, step: StepInput) -> tuple[torch.Tensor | None, dict[int, tuple[int, list]]]:
@@ -406,5 +423,5 @@ class ModelRunner:
         return sample_step(sched, None if logits is None else logits.cpu(), prompt_logprobs, self.generator)
 
 
-__all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "kv_cache_bytes_per_block",
+__all__ = ["ModelRunner", "SequenceError", "StepInput", "StepResult", "build_model", "copy_kv_blocks", "kv_cache_bytes_per_block",
            "prepare_input", "sample_step", "step_tensors"]
