@@ -105,7 +105,14 @@ class Findings:
         return (not self.drain.ok or bool(self.leaked_blocks) or bool(self.anomalies)
                 or self.cpu_state["num_leftover_entries"] > 0 or bool(self.unattributed)
                 or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"]))
-                or bool(self.census and self.census["held"]))
+                or bool(self.census and self.census["held"]) or self.census_overdue)
+
+    @property
+    def census_overdue(self) -> bool:
+        """A server's census was kept from its idle points although the engine had drained (a
+        census a leak switched off, issue 42); with the engine still busy, the drain check and
+        the zombie check speak instead."""
+        return bool(self.census and self.census.get("overdue") and self.drain.quiescent)
 
     @property
     def zombie(self) -> bool:
@@ -191,6 +198,8 @@ class Findings:
         if self.census and self.census["held"]:
             parts.append("ended requests still held at idle (census): " + ", ".join(
                 f"{h['path']} {h['num_entries']}" for h in self.census["held"]))
+        for o in (self.census or {}).get("overdue") if self.census_overdue else []:  # kept from its idle points
+            parts.append(f"{o['process']} census overdue {o['seconds']:.0f} s, blocked by {', '.join(o['blocked_by'])}")
         if zombie_part:
             parts.append(zombie_part)
         return "LEAK: " + "; ".join(parts or ["see the report"])

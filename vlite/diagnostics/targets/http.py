@@ -66,7 +66,9 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
 def census_from_metrics(text: str) -> dict | None:
     """The server's last census as the in-process one (``RunResult.findings.census``) from
     ``vlite:ended_requests_held{container}``: which container held how many ended requests (the
-    ids stay in the server: ``/debug`` has them); None when the server exports no census."""
+    ids stay in the server: ``/debug`` has them), and ``overdue``: each process whose census was
+    kept from its idle points, with what blocks it (``vlite:census_overdue_seconds{process,
+    blocked_by}``); None when the server exports no census."""
     from vlite.diagnostics.targets.prom import parse_page
 
     samples = parse_page(text).samples
@@ -74,8 +76,14 @@ def census_from_metrics(text: str) -> dict | None:
         return None
     held = [{"path": s.labels.get("container", "?"), "kind": "?", "num_entries": int(s.value), "request_ids": [],
              "client_actions": []} for s in samples if s.name == "vlite:ended_requests_held" and s.value > 0]
+    overdue: dict[str, dict] = {}
+    for s in samples:
+        if s.name == "vlite:census_overdue_seconds":
+            o = overdue.setdefault(s.labels.get("process", "?"), {"process": s.labels.get("process", "?"),
+                                                                  "seconds": s.value, "blocked_by": []})
+            o["blocked_by"].append(s.labels.get("blocked_by", "?"))
     return {"held": held, "objects_visited": None, "elapsed_ms": None, "truncated": False,
-            "source": "the server's /metrics (vlite:ended_requests_held)"}
+            "overdue": list(overdue.values()), "source": "the server's /metrics (vlite:ended_requests_held)"}
 
 
 def http_greedy(base: str, client: httpx.Client):
