@@ -183,6 +183,11 @@ class Findings:
             sites = (f": block {first['block_id']} released by {' and again by '.join(first['release_sites'])}"
                      if first else "")
             parts.append(f"{self.drain.excess_frees} excess frees (double free{sites})")
+        second = [a for a in self.anomalies if a.get("allocation_sites")]
+        if second:  # one sequence took a block twice (ledger.SECOND_REFERENCE): name both allocations
+            a = second[0]
+            parts.append(f"{len(second)} second references by the same holder: block {a['block_id']} taken by "
+                         f"seq {a['seq_id']} ({a['request_id']}) at {' and again at '.join(a['allocation_sites'])}")
         cpu = self.cpu_state
         if cpu["orphan_block_tables"]:
             parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")
