@@ -94,6 +94,8 @@ class Findings:
     # Issue 33: containers reachable from the engine that still hold ended requests (census.py)
     census: dict | None = None
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
+    # Issue 42: /metrics families whose series count grows with requests served (cardinality.py)
+    cardinality: dict | None = None
 
     @property
     def host_leak(self) -> bool:
@@ -105,7 +107,8 @@ class Findings:
         return (not self.drain.ok or bool(self.leaked_blocks) or bool(self.anomalies)
                 or self.cpu_state["num_leftover_entries"] > 0 or bool(self.unattributed)
                 or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"]))
-                or bool(self.census and self.census["held"]) or self.census_overdue)
+                or bool(self.census and self.census["held"]) or self.census_overdue
+                or bool(self.cardinality and self.cardinality["verdict"] == "LEAK"))
 
     @property
     def census_overdue(self) -> bool:
@@ -205,6 +208,10 @@ class Findings:
                 f"{h['path']} {h['num_entries']}" for h in self.census["held"]))
         for o in (self.census or {}).get("overdue") if self.census_overdue else []:  # kept from its idle points
             parts.append(f"{o['process']} census overdue {o['seconds']:.0f} s, blocked by {', '.join(o['blocked_by'])}")
+        if self.cardinality and self.cardinality["verdict"] == "LEAK":
+            from vlite.diagnostics.checks.cardinality import describe
+
+            parts.append("/metrics series growing with requests: " + describe(self.cardinality))
         if zombie_part:
             parts.append(zombie_part)
         return "LEAK: " + "; ".join(parts or ["see the report"])

@@ -34,6 +34,8 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from vlite.diagnostics.checks.cardinality import cardinality_check, series_counts
+from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
@@ -153,6 +155,7 @@ class BlackboxResult:
     notes: list[str] = field(default_factory=list)
     source: str = "blackbox"  # blackbox | log
     zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
+    cardinality: dict | None = None  # /metrics series per family over the idle points (cardinality.py)
 
     @property
     def residual(self) -> float | None:
@@ -172,9 +175,11 @@ def _rss(memory) -> int | None:
 
 
 async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
-                        out: ReplayResult) -> tuple[list[float], bool]:
+                        out: ReplayResult, series: list | None = None) -> tuple[list[float], bool]:
     """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
-    point, baseline first) and whether every wave drained."""
+    point, baseline first) and whether every wave drained. ``series`` gets, per idle point,
+    (requests served, the page's series per family: ``cardinality.series_counts``)."""
+    series = [] if series is None else series
     used: list[float] = []
     completed = 0
     async with httpx.AsyncClient(timeout=30.0) as client:
@@ -183,6 +188,7 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
             return used, False
         used.append(base.kv_used)
         out.idle_points.append(IdlePoint(time.time(), 0, base.kv_used, _rss(driver.memory)))
+        series.append((0, series_counts(driver.conn.metrics_text())))
         for w, wave in enumerate(waves):
             for s in wave:
                 results[s.request_id].arrival_time = time.time()
@@ -195,6 +201,7 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
                 return used, False
             used.append(state.kv_used)
             out.idle_points.append(IdlePoint(time.time(), completed, state.kv_used, _rss(driver.memory)))
+            series.append((completed, series_counts(driver.conn.metrics_text())))
     return used, True
 
 
@@ -309,8 +316,9 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     sampler = Sampler(source, memory, sample_interval_s).start()
     t0 = time.time()
     suspects, fit, bis_log, repro = [], [], [], []
+    series: list = []
     try:
-        used, drained = asyncio.run(_replay_waves(driver, waves, results, out))
+        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series))
         out.end_time = time.time()
         baseline = used[0] if used else None
         final = used[-1] if used else None
@@ -370,6 +378,11 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     finally:
         sampler.stop()
     sampler.sample()
+    cardinality = cardinality_check(series)
+    if cardinality["verdict"] == "LEAK":  # one series per client value: a leak whatever the KV cache says
+        growth = "/metrics series growing with requests: " + describe_cardinality(cardinality)
+        summary = f"{summary}; {growth}" if verdict == "LEAK" else f"LEAK: {growth}"
+        verdict = "LEAK"
     block_size = first.block_size
     trends = [trough_trend(out.idle_points), trough_trend(out.idle_points, "rss_bytes")]
     facts = {"target": "blackbox", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
@@ -381,7 +394,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
-                          list(getattr(memory, "last_tree", [])), notes)
+                          list(getattr(memory, "last_tree", [])), notes, cardinality=cardinality)
 
 
 class BlackboxTarget:

@@ -1,6 +1,7 @@
 """The vlite-serve target: replay a workload against a running ``vlite serve`` with real clients
-that really disconnect (``openai_client.send_request``), scrape ``/metrics`` while it runs, and
-read ``/debug/blocks`` at the end.
+that really disconnect (``openai_client.send_request``), scrape ``/metrics`` while it runs (and
+count its series per family at each idle point: ``checks/cardinality.py``), and read
+``/debug/blocks`` at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import httpx
 
 from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
@@ -225,9 +227,11 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     pid = listening_pid(base)
     memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
     sampler = Sampler(source, memory, sample_interval_s).start()
+    series: list[FamilyCounts] = []  # per idle point: series per /metrics family (cardinality.py)
 
     def probe() -> tuple[int, int | None]:
         row = source()
+        series.append(series_counts(sync.get(f"{base}/metrics").text))
         return row["num_used_blocks"], memory.read().get("rss_bytes")
 
     t0 = time.time()
@@ -249,6 +253,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
     findings.census = census_from_metrics(final_metrics)
+    findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:
