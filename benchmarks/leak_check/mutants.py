@@ -143,6 +143,32 @@ MUTANTS = [
            "        block = self.blocks[self.free_block_queue.popleft()]\n",
            "        block = self.blocks[self.free_block_queue.popleft()]\n"
            "        self.__dict__.setdefault(\"new_block_ids\", []).append(block.block_id)\n"),
+    # Issue 42: a leak that switched off the census that would report it (the two maps that gated
+    # it), a second reference by the same holder (the ledger overwrote the first), a metric
+    # labelled by a client value (litellm#12159)
+    Mutant("live-map-keeps-finished", "serving loop (census gate)",
+           "the engine loop keeps a finished request's entry in its live map (which gated its census)",
+           "engine/serving/engine_loop.py", "                    del self._live[out.request_id]\n", "",
+           mode="serve"),
+    Mutant("open-group-kept-after-finish", "async client (census gate)",
+           "the async client keeps a finished request's stream group (which gated the API server's census)",
+           "engine/serving/async_engine.py",
+           "                    if out.finished:\n                        self._groups.pop(out.request_id, None)\n", "",
+           mode="serve"),
+    Mutant("fork-second-reference-last-block", "fork (ledger)",
+           "fork() takes a second reference on the child's last block (its table holds it once)",
+           "engine/core/kv_cache_manager.py", "            self._record(block_id, child, AllocationSite.FORK, now)\n",
+           "            self._record(block_id, child, AllocationSite.FORK, now)\n        if table:\n"
+           "            self.blocks[table[-1]].ref_count += 1\n"
+           "            self._record(table[-1], child, AllocationSite.FORK, now)\n"),
+    Mutant("metric-labelled-by-request-id", "/metrics (label cardinality)",
+           "a finished-request counter labelled by the client's X-Request-Id: one series per request",
+           "entrypoints/metrics.py", "        if out.finished:\n            # One count per engine request",
+           "        if out.finished:\n            if not hasattr(self, \"by_client\"):\n"
+           "                self.by_client = Counter(\"vlite:request_finished_by_client\", \"Finished requests.\", "
+           "[\"model_name\", \"client_request_id\"], registry=self.registry)\n"
+           "            self.by_client.labels(self.model_name, out.request_id).inc()\n"
+           "            # One count per engine request", mode="serve"),
     Mutant("buffer-per-finished-request", "host memory",
            "a 4 KiB buffer per finished request is kept in a list (no request id in it)",
            "engine/output_processor.py", "        primary = req.seqs[0]\n",
