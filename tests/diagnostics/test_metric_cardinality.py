@@ -109,3 +109,34 @@ def test_blackbox_names_a_family_whose_series_grow_with_requests(fake_vllm, labe
         assert res.cardinality["growing"][0]["label"] == "stop"
     else:
         assert res.verdict == "CLEAN", res.summary
+
+
+def test_in_process_a_vlite_metric_labelled_by_request_id_is_a_leak_named_by_family_and_label(
+        tiny_checkpoint, monkeypatch):
+    from conftest import make_engine
+    from prometheus_client import Counter
+
+    from vlite.diagnostics.targets.inprocess import run_in_process
+    from vlite.entrypoints.metrics import ServerMetrics
+
+    observe = ServerMetrics.observe
+
+    def labelled(self, out):  # planted: one series per request, labelled by its (client-chosen) id
+        observe(self, out)
+        if out.finished:
+            if not hasattr(self, "by_client"):
+                self.by_client = Counter("vlite:request_finished_by_client", "Finished requests.",
+                                         ["model_name", "client_request_id"], registry=self.registry)
+            self.by_client.labels(self.model_name, out.request_id).inc()
+
+    specs = synthetic_workload(24, input_len=(8, 16), output_len=(2, 4), seed=4)
+    clean = run_in_process(make_engine(tiny_checkpoint, num_blocks=64), specs, idle_every=4, sample_interval_s=0.05)
+    assert clean.findings.cardinality["verdict"] == "CLEAN" and clean.findings.verdict == "CLEAN", clean.findings.summary()
+    monkeypatch.setattr(ServerMetrics, "observe", labelled)
+    run = run_in_process(make_engine(tiny_checkpoint, num_blocks=64), specs, idle_every=4, sample_interval_s=0.05)
+    f = run.findings
+    assert f.verdict == "LEAK" and f.drain.ok, f.summary()
+    [g] = f.cardinality["growing"]
+    assert (g["family"], g["label"], g["series_per_request"]) == ("vlite:request_finished_by_client",
+                                                                   "client_request_id", 1.0)
+    assert "vlite:request_finished_by_client" in f.summary() and "'client_request_id'" in f.summary()

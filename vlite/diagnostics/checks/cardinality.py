@@ -7,7 +7,7 @@ metric family, its series (distinct label sets; a histogram's ``le`` and a summa
 ``quantile`` are parts of one series) and the distinct values of each label
 (``series_counts``); ``cardinality_check`` then calls a family a LEAK when its series kept
 growing after the first wave and through the second half of the run, by at least
-``MIN_NEW_SERIES``, and names the label whose distinct values grew the most. A label over a
+``MIN_NEW_SERIES`` and ``MIN_SERIES_PER_REQUEST``, and names the label whose distinct values grew the most. A label over a
 fixed set (finish reasons, allocation sites, client actions) fills within a few waves and then
 stays put; a label over client values grows with every wave that brings new ones.
 
@@ -23,6 +23,9 @@ _PART_LABELS = frozenset({"le", "quantile"})
 # New series after the first wave below which growth is not called a leak (a fixed label set can
 # still gain a value or two late: a finish kind or an abort state first seen in a later wave).
 MIN_NEW_SERIES = 4
+# ... and below this many new series per request served (a client value per request gives 1; a
+# stop string on one request in five, 0.2; a fixed set of 20 values over 200 requests, 0.1 at most).
+MIN_SERIES_PER_REQUEST = 0.1
 
 FamilyCounts = dict[str, tuple[int, dict[str, int]]]  # family -> (series, label -> distinct values)
 
@@ -68,10 +71,10 @@ def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
     for fam, (n_last, labels_last) in sorted(last[1].items()):
         n_warm, labels_warm = warm[1].get(fam, (0, {}))
         n_mid = mid[1].get(fam, (0, {}))[0]
-        if n_last - n_warm < MIN_NEW_SERIES or n_last <= n_mid:
+        served = max(1, last[0] - warm[0])
+        if n_last - n_warm < max(MIN_NEW_SERIES, MIN_SERIES_PER_REQUEST * served) or n_last <= n_mid:
             continue  # few new series, or none since the middle of the run: a fixed set filling up
         label = max(labels_last, key=lambda k: (labels_last[k] - labels_warm.get(k, 0), k), default="?")
-        served = max(1, last[0] - warm[0])
         growing.append({"family": fam, "label": label, "series_first": n_warm, "series_last": n_last,
                         "new_series": n_last - n_warm, "series_per_request": round((n_last - n_warm) / served, 3),
                         "label_values_first": labels_warm.get(label, 0),
