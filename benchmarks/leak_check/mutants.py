@@ -9,6 +9,11 @@ exits 1 (LEAK or ZOMBIE); for the default command the script also shows what the
 blamed (the leaked blocks' owner actions and sites, or the registries, zombies, anomalies).
 The clean tree is run the same way first: both commands must exit 0 (no false positive).
 
+A mutant of the serving layers (``mode="serve"``: the engine loop, the async client, the API
+server's metrics) is run as the docs say for a server: `vlite serve` from the patched copy,
+then `leak-check --url` with the default command's workload (no `--scenario all`: it runs in
+process); the clean tree is served and checked the same way when such a mutant is chosen.
+
 The model is a tiny random Llama with SmolLM2's tokenizer (built once under --workdir), whose
 EOS ids are set to tokens its greedy decoding of the chat prompts produces, so that EOS finishes
 happen as on an instruction-tuned model. The default command is the README's with a smaller
@@ -46,6 +51,7 @@ class Mutant:
     path: str
     old: str
     new: str
+    mode: str = "in-process"  # "serve": `vlite serve` from the patched copy, then `leak-check --url`
 
 
 MUTANTS = [
@@ -137,6 +143,32 @@ MUTANTS = [
            "        block = self.blocks[self.free_block_queue.popleft()]\n",
            "        block = self.blocks[self.free_block_queue.popleft()]\n"
            "        self.__dict__.setdefault(\"new_block_ids\", []).append(block.block_id)\n"),
+    # Issue 42: a leak that switched off the census that would report it (the two maps that gated
+    # it), a second reference by the same holder (the ledger overwrote the first), a metric
+    # labelled by a client value (litellm#12159)
+    Mutant("live-map-keeps-finished", "serving loop (census gate)",
+           "the engine loop keeps a finished request's entry in its live map (which gated its census)",
+           "engine/serving/engine_loop.py", "                    del self._live[out.request_id]\n", "",
+           mode="serve"),
+    Mutant("open-group-kept-after-finish", "async client (census gate)",
+           "the async client keeps a finished request's stream group (which gated the API server's census)",
+           "engine/serving/async_engine.py",
+           "                    if out.finished:\n                        self._groups.pop(out.request_id, None)\n", "",
+           mode="serve"),
+    Mutant("fork-second-reference-last-block", "fork (ledger)",
+           "fork() takes a second reference on the child's last block (its table holds it once)",
+           "engine/core/kv_cache_manager.py", "            self._record(block_id, child, AllocationSite.FORK, now)\n",
+           "            self._record(block_id, child, AllocationSite.FORK, now)\n        if table:\n"
+           "            self.blocks[table[-1]].ref_count += 1\n"
+           "            self._record(table[-1], child, AllocationSite.FORK, now)\n"),
+    Mutant("metric-labelled-by-request-id", "/metrics (label cardinality)",
+           "a finished-request counter labelled by the client's X-Request-Id: one series per request",
+           "entrypoints/metrics.py", "        if out.finished:\n            # One count per engine request",
+           "        if out.finished:\n            if not hasattr(self, \"by_client\"):\n"
+           "                self.by_client = Counter(\"vlite:request_finished_by_client\", \"Finished requests.\", "
+           "[\"model_name\", \"client_request_id\"], registry=self.registry)\n"
+           "            self.by_client.labels(self.model_name, out.request_id).inc()\n"
+           "            # One count per engine request", mode="serve"),
     Mutant("buffer-per-finished-request", "host memory",
            "a 4 KiB buffer per finished request is kept in a list (no request id in it)",
            "engine/output_processor.py", "        primary = req.seqs[0]\n",
@@ -234,10 +266,53 @@ def blame(report: Path) -> str:
     return "; ".join(parts) or r.get("summary", "")
 
 
-def check(tree: Path, model: Path, out: Path) -> dict:
+def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
+    """`vlite serve` from ``tree`` (engine core in its own process, the default), then the default
+    command's workload through `leak-check --url`; the server is stopped after."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
+                        "TORCH_EXTENSIONS_DIR": str(tree.parent / f"torch-extensions-{tree.name}"),
+                        "PYTHONPATH": str(tree)}  # the engine core process imports the copy too
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "serve.log", "wb") as log:
+        srv = subprocess.Popen([sys.executable, "-c", _BOOT, str(tree), "serve",
+                                "--model", str(model), "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env=env)
+        t0 = time.time()
+        try:
+            while time.time() - t0 < 600 and srv.poll() is None:  # a first start builds the C++ kernels
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                        break
+                except OSError:
+                    time.sleep(0.5)
+            rep = out / "report"
+            code, text, secs = run_leak_check(tree, ["--url", f"http://127.0.0.1:{port}", *DEFAULT_ARGS,
+                                                     "--report", str(rep)])
+        finally:
+            srv.terminate()
+            try:
+                srv.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+    summary = next((line for line in text.splitlines() if line.startswith(("LEAK", "CLEAN", "ZOMBIE", "HOST"))), "")
+    return {"default_exit": code, "default_caught": code == 1, "default_blame": (blame(rep) or summary)[:300]
+            if code == 1 else text[-300:], "scenarios_exit": None, "scenarios_caught": False,
+            "scenarios_failed": ["(--url: not run)"], "seconds": round(time.time() - t0, 1), "default_tail": ""}
+
+
+def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenarios: bool = True) -> dict:
+    if mode == "serve":
+        return serve_and_check(tree, model, out)
     rep = out / "report"
     code_d, text_d, t_d = run_leak_check(tree, ["--model", str(model), *DEFAULT_ARGS, "--report", str(rep)])
-    code_s, text_s, t_s = run_leak_check(tree, ["--model", str(model), "--scenario", "all"], timeout=900)
+    code_s, text_s, t_s = (run_leak_check(tree, ["--model", str(model), "--scenario", "all"], timeout=900)
+                           if scenarios else (None, "", 0.0))
     failed = [line.split(":")[0] for line in text_s.splitlines() if ": FAIL" in line]
     return {"default_exit": code_d, "default_caught": code_d == 1, "default_blame": blame(rep) if code_d != 2 else
             text_d[-300:], "scenarios_exit": code_s, "scenarios_caught": code_s == 1, "scenarios_failed": failed,
@@ -255,6 +330,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, metavar="PATH", help="Also write the results as JSON here.")
     ap.add_argument("--skip-clean", action="store_true",
                     help="Skip the clean-tree run (which checks that both commands exit 0 on the unpatched code).")
+    ap.add_argument("--skip-scenarios", action="store_true",
+                    help="Run only the default command (not `--scenario all`, the slower half).")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -265,10 +342,11 @@ def main() -> None:
         tree = work / "clean"
         shutil.rmtree(tree, ignore_errors=True)
         shutil.copytree(ROOT / "vlite", tree / "vlite")
-        res = check(tree, model, work / "out-clean")
-        rows.append({"mutant": "(clean tree)", "area": "-", **res})
-        print(f"clean tree: default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
-              f"({res['seconds']} s)", flush=True)
+        for mode in sorted({m.mode for m in chosen}):  # "in-process" first
+            res = check(tree, model, work / f"out-clean-{mode}", mode, not args.skip_scenarios)
+            rows.append({"mutant": "(clean tree)", "area": mode, **res})
+            print(f"clean tree ({mode}): default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
+                  f"({res['seconds']} s){': ' + res['default_blame'] if res['default_exit'] else ''}", flush=True)
     for m in chosen:
         tree = work / "tree"
         shutil.rmtree(tree, ignore_errors=True)
@@ -280,7 +358,7 @@ def main() -> None:
         src.write_text(text.replace(m.old, m.new))
         out = work / f"out-{m.name}"
         shutil.rmtree(out, ignore_errors=True)
-        res = check(tree, model, out)
+        res = check(tree, model, out, m.mode, not args.skip_scenarios)
         rows.append({"mutant": m.name, "area": m.path_area, "what": m.what, **res})
         print(f"{m.name}: default {'CAUGHT' if res['default_caught'] else 'missed'} (exit {res['default_exit']}; "
               f"{res['default_blame']}), scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} "

@@ -7,6 +7,9 @@ server, in the thread and in the engine-core-process layouts."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -46,6 +49,7 @@ if sys.argv[1:2] == ["serve"]:  # the API server's process (the engine core is s
 '''
 ENGINE_MAP = "engine.output_processor.holdback_by_request"
 API_MAP = "api_server.vlite.entrypoints.serving_completion._SEEN_REQUEST_IDS"
+VLITE = str(Path(sys.executable).with_name("vlite"))
 LAYOUTS = pytest.mark.parametrize("layout", [("--disable-frontend-multiprocessing",), ()],
                                   ids=["thread", "engine-core-process"])
 
@@ -100,3 +104,65 @@ def test_a_clean_server_exports_an_empty_current_census_of_both_processes(serve,
         assert doc[side]["process"] == side and doc[side]["taken_at"] is not None, doc
         assert doc[side]["held"] == [] and doc[side]["pending"] == 0, doc
     assert (doc["engine"]["pid"] == doc["api_server"]["pid"]) == bool(layout)
+
+
+# Issue 42, item 1: an ended request left in the map that used to gate each process's census
+# (the engine loop's live map, the async client's open groups) must not switch that census off.
+PLANT_LIVE_MAPS = '''
+import vlite.engine.serving.engine_loop as _el
+
+_step = _el.EngineLoop._step
+
+
+def _keep_live(self):  # planted: a finished request's entry is left in the loop's live map
+    before = dict(self._live)
+    _step(self)
+    for rid, entry in before.items():
+        if rid not in self._live and rid in self._ended:
+            self._live[rid] = entry
+
+
+_el.EngineLoop._step = _keep_live
+
+import vlite.engine.serving.async_engine as _ae
+
+_handle = _ae._AsyncClient._handle_events
+
+
+def _keep_groups(self, events, stats):  # planted: a finished request's group is left open
+    before = dict(self._groups)
+    _handle(self, events, stats)
+    for rid, group in before.items():
+        if rid not in self._groups and rid in self.ended:
+            self._groups[rid] = group
+
+
+_ae._AsyncClient._handle_events = _keep_groups
+'''
+LIVE_MAP = "async_engine._live"
+GROUPS_MAP = "api_server.client._groups"
+
+
+@LAYOUTS
+def test_an_ended_request_left_in_the_maps_that_gated_the_census_is_found(vlite_serve, tmp_path, layout):
+    site = tmp_path / "plant-live"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PLANT_LIVE_MAPS)
+    url = vlite_serve(*layout, "--enable-debug-endpoints",
+                      env={"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)})
+    run = run_http(url, _specs(), max_concurrency=4, idle_every=4, sample_interval_s=0.05)
+    f = run.findings
+    assert f.verdict == "LEAK", f.summary()
+    held = {h["path"]: h["num_entries"] for h in f.census["held"]}
+    assert LIVE_MAP in held and GROUPS_MAP in held, held  # both censuses ran, each naming its map
+    assert LIVE_MAP in f.summary() and GROUPS_MAP in f.summary()
+    page = httpx.get(f"{url}/metrics").text
+    assert f'container="{LIVE_MAP}"' in page and f'container="{GROUPS_MAP}"' in page
+    doc = httpx.get(f"{url}/debug/census").json()
+    for side in ("engine", "api_server"):  # current, not overdue: the maps no longer gate the census
+        assert doc[side]["pending"] == 0 and doc[side]["overdue"] is None, doc
+    # and the command the docs give for a server says so, with exit code 1
+    res = subprocess.run([VLITE, "leak-check", "--url", url, "--num-requests", "6", "--report", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "LEAK" in res.stdout and LIVE_MAP in res.stdout and GROUPS_MAP in res.stdout, res.stdout

@@ -189,3 +189,63 @@ def test_the_walk_does_not_grow_with_the_block_pool(tiny_checkpoint):
     large = EngineView(make_engine(tiny_checkpoint, num_blocks=4096)).request_census(set())
     assert large.objects_visited == small.objects_visited
     assert not large.truncated
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_idle_census_runs_when_quiet_whatever_the_maps_hold_and_is_overdue_when_kept_busy(monkeypatch):
+    # issue 42: the census's idle point is the process's own (blockers empty, quiet for
+    # CENSUS_QUIET_S); kept from it while no new work comes, it is overdue, naming what blocks it
+    from vlite.engine import census as census_mod
+    from vlite.engine.census import CensusResult, EndedRequests, IdleCensus
+
+    clock = _Clock()
+    monkeypatch.setattr(census_mod.time, "monotonic", clock)
+    ended = EndedRequests()
+    census = IdleCensus("engine", ended)
+    walks = []
+
+    def walk(ids, skip):
+        walks.append(set(ids))
+        return CensusResult((), 1, False)
+
+    busy: dict[str, int] = {"scheduler.running": 1}
+    ended.record("r-1")
+    last_work = clock.t
+    assert not census.tick(lambda: busy, clock.t, last_work, walk)  # a step just ran
+    clock.t += 2.0  # still stepping (quiet_since = now), new work 2 s ago: not overdue yet
+    assert not census.tick(lambda: busy, clock.t, last_work, walk) and census.overdue is None
+    clock.t += 1.5  # due 3.5 s, no new work: overdue, blocked by the scheduler
+    assert census.tick(lambda: busy, clock.t, last_work, walk)
+    assert census.overdue == {"seconds": 3.5, "blocked_by": {"scheduler.running": 1}}
+    assert census.document()["overdue"] == census.overdue and walks == []
+    busy = {}  # the scheduler emptied; quiet since 0.2 s: not yet
+    assert not census.tick(lambda: busy, clock.t - 0.2, last_work, walk) and walks == []
+    assert census.tick(lambda: busy, clock.t - 0.6, last_work, walk)  # quiet long enough: it runs
+    assert walks == [{"r-1"}] and census.overdue is None and census.pending == 0
+    ended.record("r-2")
+    clock.t += 0.5  # within CENSUS_INTERVAL_S of the last one: waits
+    assert not census.tick(lambda: busy, clock.t - 5, last_work, walk) and census.wait_s(clock.t - 5) == 0.5
+    clock.t += 0.5
+    assert census.tick(lambda: busy, clock.t - 5, last_work, walk) and walks[-1] == {"r-1", "r-2"}
+
+
+def test_new_work_keeps_a_busy_census_from_being_called_overdue(monkeypatch):
+    from vlite.engine import census as census_mod
+    from vlite.engine.census import CensusResult, EndedRequests, IdleCensus
+
+    clock = _Clock()
+    monkeypatch.setattr(census_mod.time, "monotonic", clock)
+    ended = EndedRequests()
+    census = IdleCensus("api_server", ended)
+    ended.record("r-1")
+    for _ in range(10):  # a busy server: a request starts every second
+        clock.t += 1.0
+        census.tick(lambda: {"requests_in_flight": 2}, clock.t, clock.t - 0.5, lambda i, s: CensusResult((), 1, False))
+        assert census.overdue is None

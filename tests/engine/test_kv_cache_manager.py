@@ -66,6 +66,39 @@ def test_double_free_fault_is_recorded_as_anomaly():
     assert bm.ledger.anomalies()[0].request_id == "r"
 
 
+def test_a_second_reference_by_the_same_sequence_is_an_anomaly_naming_both_allocations():
+    # issue 42: the ledger is keyed by (sequence, block); a second reference by the same holder
+    # used to replace the first record silently, so its leak ended "unattributed"
+    bm = KVCacheManager(num_blocks=4, block_size=4)
+    seq = make_seq(6)
+    bm.allocate(seq, 6)
+    first = bm.get_block_table(seq.seq_id)[0]
+    bm.current_step = 3
+    assert bm.allocate_slots(seq, 0, AllocationSite.PREFIX_HIT, prefix_hits=[first])  # planted: taken again
+    [a] = bm.ledger.anomalies()
+    assert a.kind == "second reference by the same holder" and (a.block_id, a.seq_id) == (first, seq.seq_id)
+    assert a.allocation_sites[0] == "prefill, step 0"
+    assert a.allocation_sites[1].startswith("prefix cache hit, step 3: ")
+    assert a.allocation_sites[1].endswith("-> KVCacheManager.allocate_slots")
+    assert [e.site for e in bm.ledger.held() if e.block_id == first] == [AllocationSite.PREFILL]  # first kept
+
+
+def test_shared_blocks_taken_once_per_sequence_raise_no_anomaly():
+    # prefix hits, fork and copy-on-write share blocks across sequences, never twice in one
+    bm = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    a = make_seq(9, "a")
+    bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.cache_full_blocks(a)
+    b = make_seq(9, "b")
+    hits = bm.find_prefix_hits(b)
+    assert hits and bm.allocate_slots(b, 9 - 4 * len(hits), AllocationSite.PREFILL, hits)
+    child = make_seq(9, "a")
+    bm.fork(a, child)
+    assert bm.append_slot(child)  # the shared partial block is copied (copy-on-write)
+    assert bm.ledger.anomalies() == []
+
+
 def test_unknown_fault_name_is_rejected():
     with pytest.raises(ValueError, match="known faults"):
         FaultSet(["no-such-fault"])

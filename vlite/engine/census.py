@@ -37,9 +37,18 @@ logger = logging.getLogger("vlite.engine")
 
 # When a serving process runs its census (``EngineLoop`` in the engine's process, the API server's
 # ``vlite.entrypoints.census``): at idle points, at most this often (s), over at most this many
-# ended request ids (the most recent).
+# ended request ids (the most recent). An idle point is the process's own: the engine's when its
+# scheduler has no running or waiting sequence and no step ran for CENSUS_QUIET_S; the API
+# server's when no HTTP request (but an observer's) is in flight and none ended for CENSUS_QUIET_S.
+# What its per-request maps hold does not matter (issue 42: a leaked entry must not switch off
+# the census that would report it).
 CENSUS_INTERVAL_S = 1.0
+CENSUS_QUIET_S = 0.5
 ENDED_HISTORY = 10_000
+# A census due for this many intervals while its process saw no new work (no request added, no
+# HTTP request started), yet never at an idle point, is overdue: a finding of its own, with what
+# kept the process from being idle (``IdleCensus.overdue``).
+CENSUS_OVERDUE_INTERVALS = 3
 
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -285,14 +294,17 @@ class EndedRequests:
 
 
 class IdleCensus:
-    """One serving process's request-id census at its idle points: whether one is due, and the
-    last result with its cost. The engine loop (``process="engine"``) and the API server
-    (``"api_server"``) each hold one over their own ``EndedRequests``; each decides what an idle
-    point is and what to walk.
+    """One serving process's request-id census at its idle points: whether one is due, whether
+    it is overdue, and the last result with its cost. The engine loop (``process="engine"``) and
+    the API server (``"api_server"``) each hold one over their own ``EndedRequests``; each says
+    what keeps it from being idle and what to walk (``tick``).
 
     Attributes:
         result: the last census (None before the first); held_counts: its container path ->
-        ended requests held; elapsed_ms: its cost (ms); taken_at: when (s since the epoch).
+        ended requests held; elapsed_ms: its cost (ms); taken_at: when (s since the epoch);
+        overdue: None, or ``{"seconds": s, "blocked_by": {what: count}}`` while the census has
+        been due for ``CENSUS_OVERDUE_INTERVALS`` intervals with no new work in the process and
+        never at an idle point (what kept it busy: ``scheduler.running``, ``requests_in_flight``).
     """
 
     def __init__(self, process: str, ended: EndedRequests) -> None:
@@ -302,8 +314,12 @@ class IdleCensus:
         self.held_counts: dict[str, int] = {}
         self.elapsed_ms: float | None = None
         self.taken_at: float | None = None
+        self.overdue: dict | None = None
+        self.runs = 0  # censuses run (failed walks included)
         self._total_at_last = 0  # ended.total when the last census started
         self._last = float("-inf")  # time.monotonic() of the last census
+        self._due_since: float | None = None  # time.monotonic() when requests first ended since it
+        self._looked = float("-inf")  # time.monotonic() of the last look at the blockers while busy
 
     @property
     def pending(self) -> int:
@@ -315,12 +331,55 @@ class IdleCensus:
         also checks that this is an idle point)."""
         return bool(self.pending) and time.monotonic() - self._last >= CENSUS_INTERVAL_S
 
+    def wait_s(self, quiet_since: float) -> float | None:
+        """Seconds until a pending census may run (``CENSUS_QUIET_S`` after ``quiet_since``, a
+        ``time.monotonic()``, and ``CENSUS_INTERVAL_S`` after the last one); None if none is pending."""
+        if not self.pending:
+            return None
+        return max(0.01, max(quiet_since + CENSUS_QUIET_S, self._last + CENSUS_INTERVAL_S) - time.monotonic())
+
+    def tick(self, blockers: Callable[[], Mapping[str, int]], quiet_since: float, last_work: float,
+             walk: Callable[[set[str], list[object]], CensusResult]) -> bool:
+        """Look once (cheap when nothing is due): run the census at an idle point, or say it is overdue.
+
+        blockers(): what keeps the process from being idle now, by name -> count (empty: nothing;
+        only called while a census is due); quiet_since: ``time.monotonic()`` of the process's
+        last activity (a step, the end of an HTTP request): idle needs ``CENSUS_QUIET_S`` of quiet;
+        last_work: ``time.monotonic()`` when new work last came (a request added, an HTTP request
+        started): a census can only be overdue that long after it. ``walk``: as in ``run``.
+        Returns True when the census ran, or when ``overdue`` changed (the caller publishes then).
+        """
+        if not self.pending:
+            changed, self.overdue, self._due_since = self.overdue is not None, None, None
+            return changed
+        now = time.monotonic()
+        if self._due_since is None:
+            self._due_since = now
+        if now - self._last < CENSUS_INTERVAL_S:
+            return False
+        quiet = now - quiet_since >= CENSUS_QUIET_S
+        waited = now - max(self._due_since, last_work)
+        overdue_now = waited >= CENSUS_OVERDUE_INTERVALS * CENSUS_INTERVAL_S
+        if not quiet and (not overdue_now or now - self._looked < CENSUS_INTERVAL_S):
+            return False  # busy (a step just ran, an HTTP request just ended): the cheap path, every step
+        self._looked = now
+        busy = dict(blockers())
+        if not busy and quiet:
+            self.run(walk)
+            return True
+        if not busy or not overdue_now:
+            return False
+        changed = self.overdue is None or self.overdue["blocked_by"].keys() != busy.keys()
+        self.overdue = {"seconds": round(waited, 1), "blocked_by": busy}
+        return changed
+
     def run(self, walk: Callable[[set[str], list[object]], CensusResult]) -> CensusResult | None:
         """Walk now: ``walk(ended ids, skip)`` is the process's ``request_census`` call, and must
         not enter ``skip`` (this census and its record of ended ids, which name every ended id).
         A failing walk is logged, never raised (a diagnostic must not stop a server); either way
         the requests ended so far count as censused. Returns the result, or None if it failed."""
         total = self.ended.total  # before the ids: a request ending during the walk stays pending
+        self.runs += 1
         t0 = time.perf_counter()
         try:
             result = walk(set(self.ended.ids), [self, self.ended])
@@ -331,14 +390,16 @@ class IdleCensus:
             self.result, self.held_counts = result, {h.path: len(h.request_ids) for h in result.held}
             self.elapsed_ms, self.taken_at = round((time.perf_counter() - t0) * 1e3, 2), time.time()
         self._total_at_last, self._last = total, time.monotonic()
+        self.overdue, self._due_since = None, None
         return result
 
     def document(self) -> dict:
         """The last census for ``/debug/census``: ``process``, ``pid``, ``taken_at`` (s since the
-        epoch; None before the first), ``elapsed_ms``, ``pending``, ``held`` (each container's path,
-        kind, type, request ids and entries), ``objects_visited``, ``truncated``."""
+        epoch; None before the first), ``elapsed_ms``, ``pending``, ``overdue`` (None, or seconds
+        and ``blocked_by``), ``held`` (each container's path, kind, type, request ids and
+        entries), ``objects_visited``, ``truncated``."""
         doc = {"process": self.process, "pid": os.getpid(), "taken_at": self.taken_at,
-               "elapsed_ms": self.elapsed_ms, "pending": self.pending}
+               "elapsed_ms": self.elapsed_ms, "pending": self.pending, "overdue": self.overdue}
         if self.result is None:
             return doc | {"held": [], "objects_visited": 0, "truncated": False}
         return doc | self.result.to_dict()

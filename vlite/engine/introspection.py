@@ -471,7 +471,8 @@ def blocks_document(engine, loop=None) -> dict:
          "sequences": [{"seq_id", "request_id", "index", "status", "block_table", "origin"}],
          "ledger": [{"block_id", "seq_id", "request_id", "site", "step", "age_s", "origin", "status",
                      "finish_reason", "num_preemptions", "finish_path", "release_error"}],
-         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time", "release_sites", "origin"}],
+         "anomalies": [{"kind", "block_id", "seq_id", "request_id", "step", "time", "release_sites",
+                        "allocation_sites", "origin"}],
          "ref_counts": {"<block_id>": ref_count, ...}   (blocks whose count is not 0; a held block has 1,
                                                       a block shared by n sequences n, a double free < 0)
          "live_state": {...LLMEngine.live_state()},
@@ -483,7 +484,8 @@ def blocks_document(engine, loop=None) -> dict:
     ``origin`` is ``{request_id, arrival_time, route, client_tag, client_action}`` or null when unknown.
     A ledger entry's ``finish_path`` is the finish path its sequence recorded ("abort in decode",
     "stop:stop_string", ...; null while it runs) and ``release_error`` the exception that cut its
-    release short; an anomaly's ``release_sites`` names the releases involved (a double free: both).
+    release short; an anomaly's ``release_sites`` names the releases involved (a double free: both),
+    its ``allocation_sites`` the allocations (a second reference by the same sequence: both).
     """
     view = EngineView(engine, loop)
     stats = view.stats()
@@ -517,6 +519,7 @@ def blocks_document(engine, loop=None) -> dict:
         record = view.request_record(a.seq_id)
         anomalies.append({"kind": a.kind, "block_id": a.block_id, "seq_id": a.seq_id, "request_id": a.request_id,
                           "step": a.step, "time": a.time, "release_sites": list(a.release_sites),
+                          "allocation_sites": list(a.allocation_sites),
                           "origin": _origin(record.origin if record else None)})
     return {
         "num_total_blocks": stats.num_total_blocks,

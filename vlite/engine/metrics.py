@@ -45,6 +45,8 @@ class EngineStats:
     # requests it still held (empty when nothing was held, or no census has run yet)
     ended_requests_held: dict = dataclasses.field(default_factory=dict)
     census_pending: int = 0  # requests ended since that census (0: its counts are current)
+    # None, or {"seconds", "blocked_by": {what: count}}: the census is overdue (census.IdleCensus.overdue)
+    census_overdue: dict | None = None
 
     @property
     def num_free_blocks(self) -> int:

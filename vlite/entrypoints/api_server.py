@@ -218,7 +218,8 @@ async def _load(state: ServerState, load_engine: Callable[[], LLMEngine] | None,
     names = state.settings.served_model_names or (async_engine.model_name,)
     census = state.census
     metrics = ServerMetrics(names[0], lambda: async_engine.latest_stats,
-                            api_census=(lambda: (census.held_counts(), census.pending)) if census else None)
+                            api_census=(lambda: (census.held_counts(), census.pending, census.overdue))
+                            if census else None)
     metrics_box.append(metrics)
     async_engine.start()
     state.model_names = tuple(names)

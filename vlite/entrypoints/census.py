@@ -9,10 +9,14 @@ class-level containers of ``vlite.entrypoints`` and ``vlite.engine.serving``. Th
 them, with the same walker, for the ids of the requests that ended in the async client's view
 (``_AsyncClient.ended``: final outputs, refused adds, the loop's end).
 
-It runs on the event loop at idle points only: no engine request in flight in the client's view,
-no HTTP request in flight but the observers' (``/metrics``, ``/health``, ``/version``,
-``/debug/*``; ``ServerState.requests_in_flight``), requests ended since the last census, and at
-most once every ``CENSUS_INTERVAL_S``. A request arriving meanwhile waits for the walk (ms;
+It runs on the event loop at the API server's own idle points: no HTTP request in flight but
+the observers' (``/metrics``, ``/health``, ``/version``, ``/debug/*``;
+``ServerState.requests_in_flight``) and none ended for ``CENSUS_QUIET_S``, requests ended since
+the last census, and at most once every ``CENSUS_INTERVAL_S``. What the async client's maps hold
+does not matter (issue 42: an ended request left in ``_groups`` used to keep the census from ever
+running again). A census due for ``CENSUS_OVERDUE_INTERVALS`` intervals while no HTTP request
+started, but kept from its idle point (an HTTP request that never ends), is overdue: exported
+with what blocks it (``IdleCensus.overdue``). A request arriving meanwhile waits for the walk (ms;
 docs/leak-check.md has the cost).
 
 Its containers are named ``api_server.<path>`` (``api_server.client._groups``,
@@ -45,8 +49,10 @@ class _ServerView(Protocol):
     """What the census reads of the server's state (``state.ServerState``, which holds the census)."""
 
     status: str
-    engine: Any  # the async client (``_AsyncClient``: ended, is_idle, census_skip()) or None
+    engine: Any  # the async client (``_AsyncClient``: ended, census_skip()) or None
     requests_in_flight: int
+    last_request_start: float  # time.monotonic() when the last counted HTTP request started
+    last_request_end: float  # ... and when one last ended
 
 
 class ApiServerCensus:
@@ -83,22 +89,27 @@ class ApiServerCensus:
         census = self.census
         return 0 if census is None else census.pending
 
+    def blockers(self) -> dict[str, int]:
+        """What keeps the API server from an idle point now: HTTP requests in flight (not the
+        observers'), by the name of the counter (``requests_in_flight``); empty: none."""
+        n = self.state.requests_in_flight
+        return {"requests_in_flight": n} if n else {}
+
     def idle(self) -> bool:
-        """True at an idle point: the server is ready, the async client has no request in flight,
-        and no HTTP request but an observer's (``/metrics``, ``/debug/*``, ...) is being served."""
-        client = self.state.engine
-        return (client is not None and self.state.status == "ready" and client.is_idle
-                and self.state.requests_in_flight == 0)
+        """True at an idle point: the server is ready and no HTTP request but an observer's
+        (``/metrics``, ``/debug/*``, ...) is being served; the async client's maps are not asked."""
+        return self.state.engine is not None and self.state.status == "ready" and not self.blockers()
 
     def maybe_run(self) -> bool:
-        """Run the census if this is an idle point and one is due (``IdleCensus.due``: requests
-        ended since the last one, ``CENSUS_INTERVAL_S`` passed); True if it ran. A failing walk is
-        logged, never raised."""
+        """Run the census if this is an idle point and one is due (``IdleCensus.tick``: requests
+        ended since the last one, ``CENSUS_INTERVAL_S`` passed, no HTTP request for
+        ``CENSUS_QUIET_S``), or mark it overdue; True if it ran. A failing walk is logged, never raised."""
         census = self.census
-        if census is None or not census.due() or not self.idle():
+        if census is None or self.state.status != "ready":
             return False
-        census.run(self._walk)
-        return True
+        runs = census.runs
+        census.tick(self.blockers, self.state.last_request_end, self.state.last_request_start, self._walk)
+        return census.runs > runs
 
     def run(self) -> CensusResult | None:
         """Walk now (whatever the server is doing) and keep the result (None if the walk failed).
@@ -121,6 +132,12 @@ class ApiServerCensus:
                                     f"{PATH_PREFIX}app": self.app}
         roots.update({PATH_PREFIX + name: value for name, value in module_roots(API_SERVER_MODULES).items()})
         return request_census(roots, ended, skip=[*skip, self, *client.census_skip()])
+
+    @property
+    def overdue(self) -> dict | None:
+        """None, or ``{"seconds", "blocked_by"}`` while this census is overdue (``IdleCensus.overdue``)."""
+        census = self.census
+        return None if census is None else census.overdue
 
     def held_counts(self) -> dict[str, int]:
         """Container path -> ended requests it held at the last census (empty: none held)."""

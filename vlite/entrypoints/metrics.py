@@ -38,7 +38,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 disable_created_metrics()  # no *_created series, as vLLM
 
 
-CensusCounts = tuple[dict[str, int], int]  # container path -> ended requests held; requests ended since
+# container path -> ended requests held; requests ended since; None or {"seconds", "blocked_by"} (overdue)
+CensusCounts = tuple[dict[str, int], int, dict | None]
 
 
 class _EngineStatsCollector(Collector):
@@ -90,10 +91,13 @@ class _EngineStatsCollector(Collector):
     def _census_families(self, s: EngineStats) -> Iterator[Metric]:
         """The request-id censuses at their last idle points (docs/leak-check.md): the engine
         loop's (paths as ``engine.<path>``) and the API server process's (``api_server.<path>``;
-        the two walk disjoint objects, so a container is counted once); pending is their sum."""
+        the two walk disjoint objects, so a container is counted once); pending is their sum; a
+        census overdue (kept from its idle points, ``IdleCensus.overdue``) is one series per process
+        and what blocks it."""
         held, pending = dict(s.ended_requests_held or {}), s.census_pending
+        overdue = {"engine": s.census_overdue}
         if self.api_census is not None:
-            api_held, api_pending = self.api_census()
+            api_held, api_pending, overdue["api_server"] = self.api_census()
             held.update(api_held)
             pending += api_pending
         g = GaugeMetricFamily("vlite:ended_requests_held", "Ended requests still held at the last idle point, "
@@ -104,6 +108,13 @@ class _EngineStatsCollector(Collector):
         g = GaugeMetricFamily("vlite:census_pending_requests", "Requests ended since the last request-id "
                               "census (0: vlite:ended_requests_held is current).", labels=["model_name"])
         g.add_metric([self.model_name], pending)
+        yield g
+        g = GaugeMetricFamily("vlite:census_overdue_seconds", "Seconds a due request-id census has been kept from "
+                              "its idle point while no new work came, by process and what blocks it (none: on time).",
+                              labels=["model_name", "process", "blocked_by"])
+        for process, due in overdue.items():
+            for what in sorted((due or {}).get("blocked_by", {})):
+                g.add_metric([self.model_name, process, what], due["seconds"])
         yield g
 
 

@@ -8,6 +8,7 @@ disconnects pass through untouched (the disconnect is what aborts a request).
 from __future__ import annotations
 
 import secrets
+import time
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -169,7 +170,9 @@ class InFlightMiddleware:
         if scope["type"] != "http" or path in self.OBSERVER_PATHS or path.startswith("/debug/"):
             return await self.app(scope, receive, send)
         self.state.requests_in_flight += 1
+        self.state.last_request_start = time.monotonic()
         try:
             await self.app(scope, receive, send)
         finally:
             self.state.requests_in_flight -= 1
+            self.state.last_request_end = time.monotonic()

@@ -42,8 +42,10 @@ class ServerState:
     """Shared by the routes and middleware; ``engine`` is set once the model is loaded.
 
     requests_in_flight: HTTP requests being served now, the observers' (/metrics, /health,
-    /version, /debug/*) not counted (``middleware.InFlightMiddleware``); census: this process's
-    request-id census (``vlite.entrypoints.census``), run at its idle points.
+    /version, /debug/*) not counted (``middleware.InFlightMiddleware``); last_request_start,
+    last_request_end: ``time.monotonic()`` when a counted request last started and last ended
+    (the census's new-work and quiet clocks); census: this process's request-id census
+    (``vlite.entrypoints.census``), run at its idle points.
     """
 
     settings: ServerSettings
@@ -57,6 +59,8 @@ class ServerState:
     load_abandoned: bool = False  # shutdown began while the model loaded (Ctrl-C): the load was left
     max_prompt_chars: int | None = None  # set on first use (vlite.entrypoints.serving.max_prompt_chars)
     requests_in_flight: int = 0
+    last_request_start: float = 0.0
+    last_request_end: float = 0.0
     census: ApiServerCensus | None = None
     _tokenizer_pool: ThreadPoolExecutor | None = None
 

@@ -94,6 +94,8 @@ class Findings:
     # Issue 33: containers reachable from the engine that still hold ended requests (census.py)
     census: dict | None = None
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
+    # Issue 42: /metrics families whose series count grows with requests served (cardinality.py)
+    cardinality: dict | None = None
 
     @property
     def host_leak(self) -> bool:
@@ -105,7 +107,15 @@ class Findings:
         return (not self.drain.ok or bool(self.leaked_blocks) or bool(self.anomalies)
                 or self.cpu_state["num_leftover_entries"] > 0 or bool(self.unattributed)
                 or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"]))
-                or bool(self.census and self.census["held"]))
+                or bool(self.census and self.census["held"]) or self.census_overdue
+                or bool(self.cardinality and self.cardinality["verdict"] == "LEAK"))
+
+    @property
+    def census_overdue(self) -> bool:
+        """A server's census was kept from its idle points although the engine had drained (a
+        census a leak switched off, issue 42); with the engine still busy, the drain check and
+        the zombie check speak instead."""
+        return bool(self.census and self.census.get("overdue") and self.drain.quiescent)
 
     @property
     def zombie(self) -> bool:
@@ -219,6 +229,11 @@ class Findings:
             sites = (f": block {first['block_id']} released by {' and again by '.join(first['release_sites'])}"
                      if first else "")
             parts.append(f"{self.drain.excess_frees} excess frees (double free{sites})")
+        second = [a for a in self.anomalies if a.get("allocation_sites")]
+        if second:  # one sequence took a block twice (ledger.SECOND_REFERENCE): name both allocations
+            a = second[0]
+            parts.append(f"{len(second)} second references by the same holder: block {a['block_id']} taken by "
+                         f"seq {a['seq_id']} ({a['request_id']}) at {' and again at '.join(a['allocation_sites'])}")
         cpu = self.cpu_state
         if cpu["orphan_block_tables"]:
             parts.append(f"{len(cpu['orphan_block_tables'])} orphan block tables")
@@ -234,6 +249,12 @@ class Findings:
         if self.census and self.census["held"]:
             parts.append("ended requests still held at idle (census): " + ", ".join(
                 f"{h['path']} {h['num_entries']}" for h in self.census["held"]))
+        for o in (self.census or {}).get("overdue") if self.census_overdue else []:  # kept from its idle points
+            parts.append(f"{o['process']} census overdue {o['seconds']:.0f} s, blocked by {', '.join(o['blocked_by'])}")
+        if self.cardinality and self.cardinality["verdict"] == "LEAK":
+            from vlite.diagnostics.checks.cardinality import describe
+
+            parts.append("/metrics series growing with requests: " + describe(self.cardinality))
         if zombie_part:
             parts.append(zombie_part)
         return "LEAK: " + "; ".join(parts or ["see the report"])

@@ -101,7 +101,9 @@ def from_debug_blocks(data: dict) -> Snapshot:
             anomalies.append({"kind": str(a)})
             continue
         anomalies.append({k: a.get(k) for k in ("kind", "block_id", "seq_id", "request_id", "step")}
-                         | {"release_sites": list(a.get("release_sites") or [])} | _origin_fields(a.get("origin")))
+                         | {"release_sites": list(a.get("release_sites") or []),
+                            "allocation_sites": list(a.get("allocation_sites") or [])}
+                         | _origin_fields(a.get("origin")))
     snap = Snapshot(int(data["num_total_blocks"]), int(data["num_free_blocks"]),
                     int(data.get("num_used_blocks", data["num_total_blocks"] - data["num_free_blocks"])),
                     int(data.get("num_cached_blocks", 0)), int(data.get("num_running", 0)),

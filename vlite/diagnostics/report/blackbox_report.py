@@ -84,6 +84,7 @@ def report_dict(res: BlackboxResult) -> dict:
                       "baseline": res.baseline, "final": res.final, "residual": res.residual,
                       "probes": res.probes},
             "trends": trends,
+            "cardinality": res.cardinality,  # /metrics series per family (checks/cardinality.py)
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
             "zombies": res.zombies, "process_tree": res.process_tree, "notes": res.notes,

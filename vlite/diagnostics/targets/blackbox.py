@@ -34,6 +34,8 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from vlite.diagnostics.checks.cardinality import cardinality_check, series_counts
+from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
@@ -154,6 +156,7 @@ class BlackboxResult:
     source: str = "blackbox"  # blackbox | log
     zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
     headline_not_exercised: bool = False  # CLEAN, but the waves sent no client abort: exit 4 (base.py)
+    cardinality: dict | None = None  # /metrics series per family over the idle points (cardinality.py)
 
     @property
     def residual(self) -> float | None:
@@ -174,9 +177,11 @@ def _rss(memory) -> int | None:
 
 
 async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
-                        out: ReplayResult) -> tuple[list[float], bool]:
+                        out: ReplayResult, series: list | None = None) -> tuple[list[float], bool]:
     """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
-    point, baseline first) and whether every wave drained."""
+    point, baseline first) and whether every wave drained. ``series`` gets, per idle point,
+    (requests served, the page's series per family: ``cardinality.series_counts``)."""
+    series = [] if series is None else series
     used: list[float] = []
     completed = 0
     async with httpx.AsyncClient(timeout=30.0) as client:
@@ -185,6 +190,7 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
             return used, False
         used.append(base.kv_used)
         out.idle_points.append(IdlePoint(time.time(), 0, base.kv_used, _rss(driver.memory)))
+        series.append((0, series_counts(driver.conn.metrics_text())))
         for w, wave in enumerate(waves):
             for s in wave:
                 results[s.request_id].arrival_time = time.time()
@@ -197,6 +203,7 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
                 return used, False
             used.append(state.kv_used)
             out.idle_points.append(IdlePoint(time.time(), completed, state.kv_used, _rss(driver.memory)))
+            series.append((completed, series_counts(driver.conn.metrics_text())))
     return used, True
 
 
@@ -311,8 +318,9 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     sampler = Sampler(source, memory, sample_interval_s).start()
     t0 = time.time()
     suspects, fit, bis_log, repro = [], [], [], []
+    series: list = []
     try:
-        used, drained = asyncio.run(_replay_waves(driver, waves, results, out))
+        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series))
         out.end_time = time.time()
         baseline = used[0] if used else None
         final = used[-1] if used else None
@@ -372,6 +380,11 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     finally:
         sampler.stop()
     sampler.sample()
+    cardinality = cardinality_check(series)
+    if cardinality["verdict"] == "LEAK":  # one series per client value: a leak whatever the KV cache says
+        growth = "/metrics series growing with requests: " + describe_cardinality(cardinality)
+        summary = f"{summary}; {growth}" if verdict == "LEAK" else f"LEAK: {growth}"
+        verdict = "LEAK"
     block_size = first.block_size
     trends = [trough_trend(out.idle_points), trough_trend(out.idle_points, "rss_bytes")]
     facts = {"target": "blackbox", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
@@ -387,7 +400,8 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         summary = summary.replace("CLEAN: ", "CLEAN, but no client abort was sent (--abort-rate 0): ", 1)
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
-                          list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort)
+                          list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort,
+                          cardinality=cardinality)
 
 
 class BlackboxTarget:

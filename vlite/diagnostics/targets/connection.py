@@ -58,6 +58,13 @@ class Connection:
                 pass
         return out
 
+    def metrics_text(self) -> str:
+        """The ``/metrics`` page as text ("" when the scrape fails: a count of its series is then empty)."""
+        try:
+            return self.client.get(f"{self.base}{self.metrics_path}", headers=self.headers, timeout=10).text
+        except httpx.HTTPError:
+            return ""
+
     def state(self) -> MetricsReading:
         """Scrape ``/metrics`` once and map it through the adapter.
 

@@ -1,6 +1,7 @@
 """The vlite-serve target: replay a workload against a running ``vlite serve`` with real clients
-that really disconnect (``openai_client.send_request``), scrape ``/metrics`` while it runs, and
-read ``/debug/blocks`` at the end.
+that really disconnect (``openai_client.send_request``), scrape ``/metrics`` while it runs (and
+count its series per family at each idle point: ``checks/cardinality.py``), and read
+``/debug/blocks`` at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import httpx
 
 from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
@@ -79,7 +81,9 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
 def census_from_metrics(text: str) -> dict | None:
     """The server's last census as the in-process one (``RunResult.findings.census``) from
     ``vlite:ended_requests_held{container}``: which container held how many ended requests (the
-    ids stay in the server: ``/debug`` has them); None when the server exports no census."""
+    ids stay in the server: ``/debug`` has them), and ``overdue``: each process whose census was
+    kept from its idle points, with what blocks it (``vlite:census_overdue_seconds{process,
+    blocked_by}``); None when the server exports no census."""
     from vlite.diagnostics.targets.prom import parse_page
 
     samples = parse_page(text).samples
@@ -87,8 +91,14 @@ def census_from_metrics(text: str) -> dict | None:
         return None
     held = [{"path": s.labels.get("container", "?"), "kind": "?", "num_entries": int(s.value), "request_ids": [],
              "client_actions": []} for s in samples if s.name == "vlite:ended_requests_held" and s.value > 0]
+    overdue: dict[str, dict] = {}
+    for s in samples:
+        if s.name == "vlite:census_overdue_seconds":
+            o = overdue.setdefault(s.labels.get("process", "?"), {"process": s.labels.get("process", "?"),
+                                                                  "seconds": s.value, "blocked_by": []})
+            o["blocked_by"].append(s.labels.get("blocked_by", "?"))
     return {"held": held, "objects_visited": None, "elapsed_ms": None, "truncated": False,
-            "source": "the server's /metrics (vlite:ended_requests_held)"}
+            "overdue": list(overdue.values()), "source": "the server's /metrics (vlite:ended_requests_held)"}
 
 
 def http_greedy(base: str, client: httpx.Client):
@@ -244,9 +254,11 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     pid = listening_pid(base)
     memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
     sampler = Sampler(source, memory, sample_interval_s).start()
+    series: list[FamilyCounts] = []  # per idle point: series per /metrics family (cardinality.py)
 
     def probe() -> tuple[int, int | None]:
         row = source()
+        series.append(series_counts(sync.get(f"{base}/metrics").text))
         return row["num_used_blocks"], memory.read().get("rss_bytes")
 
     t0 = time.time()
@@ -275,6 +287,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
     findings.census = census_from_metrics(final_metrics)
+    findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:

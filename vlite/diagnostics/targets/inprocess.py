@@ -18,7 +18,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from prometheus_client import generate_latest
+
 from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.result import RunResult
@@ -28,6 +31,7 @@ from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
 from vlite.diagnostics.workload.sources import RequestSpec
 from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
+from vlite.entrypoints.metrics import ServerMetrics
 
 ROUTE = "leak-check"
 
@@ -46,11 +50,14 @@ class InProcessClient:
         stall_steps: steps without a new token or a finished request after which the client
             gives up on everything in flight (a leak can exhaust the cache so that the
             scheduler preempts forever); those requests end with outcome "stalled".
+        on_output: called with every output a step returns (the server's metrics, as ``vlite
+            serve`` feeds them), or None.
     """
 
     def __init__(self, engine: EngineClient, probe: Callable[[], tuple[int, int | None]], stall_steps: int = 300,
-                 view: EngineView | None = None) -> None:
+                 view: EngineView | None = None, on_output: Callable[[object], None] | None = None) -> None:
         self.engine = engine
+        self.on_output = on_output
         self.view = view or EngineView(engine)
         self.probe = probe
         self.stall_steps = stall_steps
@@ -209,6 +216,9 @@ class InProcessClient:
     def _step(self, inflight, results, done) -> None:
         before = self.view.stats().generation_tokens_total
         outputs = self.engine.step()
+        if self.on_output is not None:
+            for ro in outputs:
+                self.on_output(ro)
         # Progress is a new token or a finished request (not just an output: a leak can make the
         # scheduler preempt and recompute the same sequences forever, each step re-emitting them).
         # A request's end counts once: a stuck request can emit its finished output at every step.
@@ -294,9 +304,14 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     pids = [os.getpid(), *facts.worker_pids]
 
     tracer = AllocationTrace() if trace_allocations else None
+    # the /metrics page `vlite serve` would show for this engine, fed with every output: its
+    # series per family at each idle point (cardinality.py)
+    metrics = ServerMetrics(facts.model_name, view.stats)
+    series: list[FamilyCounts] = []
 
     def probe() -> tuple[int, int | None, dict]:
         # an idle point: the census walk for container sizes (host_memory.py), ms per call
+        series.append(series_counts(generate_latest(metrics.registry).decode()))
         if tracer is not None:
             tracer.idle_point()
         host = {"anon_swap_bytes": anon_swap_bytes(pids),
@@ -308,7 +323,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     if tracer is not None:
         tracer.start()
     try:
-        replay = InProcessClient(engine, probe, view=view).replay(specs, max_concurrency, idle_every, stop=stop)
+        replay = InProcessClient(engine, probe, view=view, on_output=metrics.observe).replay(
+            specs, max_concurrency, idle_every, stop=stop)
     finally:
         sampler.stop()
         completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []
@@ -319,6 +335,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                       zombie_options=zombie_options)
     findings.census = census_findings(view, replay.requests)
     findings.host_memory = host_memory_check(replay.idle_points)
+    findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if growth is not None:
         findings.host_memory["allocation_sites"] = growth
     findings.notes.extend(replay.notes)

@@ -23,6 +23,7 @@ from collections import Counter
 from vlite.engine.core.block_pool import BlockPool, FreeBlockQueue
 from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.ledger import (
+    DOUBLE_FREE,
     AllocationSite,
     BlockLedger,
     FreeRecord,
@@ -307,5 +308,5 @@ class KVCacheManager:
                 self.current_step, time.time(), code_path(2)))
         if ref_count < 0:
             sites = tuple(r.describe() for r in self.ledger.released if r.block_id == block_id)[-2:]
-            self.ledger.record_anomaly(LedgerAnomaly("double free", block_id, seq.seq_id, seq.request_id,
+            self.ledger.record_anomaly(LedgerAnomaly(DOUBLE_FREE, block_id, seq.seq_id, seq.request_id,
                                                      self.current_step, time.time(), sites))

@@ -38,13 +38,23 @@ class LedgerEntry:
     time: float
 
 
+# The kinds of ``LedgerAnomaly``.
+DOUBLE_FREE = "double free"
+SECOND_REFERENCE = "second reference by the same holder"
+
+
 @dataclass(frozen=True)
 class LedgerAnomaly:
-    """A free the block manager could not account for (e.g. ref_count went below 0).
+    """A block reference the block manager could not account for: a free that took ref_count
+    below 0 (``DOUBLE_FREE``), or a sequence taking a second reference on a block it already
+    holds (``SECOND_REFERENCE``: its table would hold the block twice, and the ledger, keyed by
+    (sequence, block), would have overwritten the first record).
 
     ``release_sites``: for a double free, the releases of this block that the history holds,
     the earlier one first ("Scheduler.finish_sequence -> KVCacheManager.free: seq 12 (req-3),
-    finished/stop, step 40"), so the report names both code paths."""
+    finished/stop, step 40"), so the report names both code paths. ``allocation_sites``: for a
+    second reference, both allocations, the first one first ("prefill, step 3", "prefix cache
+    hit, step 9: Scheduler._schedule_prefill -> KVCacheManager.allocate_slots")."""
 
     kind: str
     block_id: int
@@ -53,6 +63,7 @@ class LedgerAnomaly:
     step: int
     time: float
     release_sites: tuple[str, ...] = ()
+    allocation_sites: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: built on every release, and a frozen __init__ costs twice as much
@@ -128,8 +139,21 @@ class BlockLedger:
         self.frees: deque[FreeRecord] = deque(maxlen=release_history)  # calls of the free path
 
     def record(self, entry: LedgerEntry) -> None:
-        if self.enabled:
-            self._held[(entry.seq_id, entry.block_id)] = entry
+        """Record a reference taken. A second reference by the same sequence on a block it
+        already holds is a ``SECOND_REFERENCE`` anomaly naming both allocations; the first
+        record is kept (the reference the sequence's table took first)."""
+        if not self.enabled:
+            return
+        key = (entry.seq_id, entry.block_id)
+        first = self._held.get(key)
+        if first is None:
+            self._held[key] = entry
+            return
+        # code_path(3): the allocation path above KVCacheManager._record (rare: taken only here)
+        sites = (f"{first.site.value}, step {first.step}",
+                 f"{entry.site.value}, step {entry.step}: {code_path(3)}")
+        self._anomalies.append(LedgerAnomaly(SECOND_REFERENCE, entry.block_id, entry.seq_id, entry.request_id,
+                                             entry.step, entry.time, allocation_sites=sites))
 
     def clear(self, seq_id: int, block_id: int) -> LedgerEntry | None:
         """Drop the entry of a released reference; returns it (None if there was none)."""

@@ -105,6 +105,7 @@ class EngineLoop:
         self._ended = EndedRequests()
         self.census = IdleCensus("engine", self._ended)
         self.census_exclude_modules = census_exclude_modules
+        self._last_step = self._last_add = time.monotonic()  # the census's quiet and new-work clocks
 
     @property
     def num_live(self) -> int:
@@ -117,7 +118,7 @@ class EngineLoop:
         while not stopping:
             try:
                 idle = not self.engine.has_unfinished_requests()
-                stopping = self._apply(self.transport.receive(self.idle_timeout if idle else 0))
+                stopping = self._apply(self.transport.receive(self._idle_wait() if idle else 0))
                 self._publish()  # adds, aborts and their stats go out before the step
                 if not stopping and self.engine.has_unfinished_requests():
                     self._step()
@@ -140,6 +141,7 @@ class EngineLoop:
         stop = False
         for kind, arg in commands:
             if kind == "add":
+                self._last_add = time.monotonic()
                 self._add(*arg)
             elif kind == "abort":
                 for rid in arg:
@@ -214,6 +216,7 @@ class EngineLoop:
 
     # ---- steps --------------------------------------------------------------------------------
     def _step(self) -> None:
+        self._last_step = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -249,30 +252,50 @@ class EngineLoop:
     def stats_with_census(self) -> EngineStats:
         """The engine's stats with the last census's counts (``EngineStats.ended_requests_held``)."""
         stats = self.engine.stats()
-        held, pending = self.census.held_counts, self.census.pending
+        held, pending, overdue = self.census.held_counts, self.census.pending, self.census.overdue
         if not isinstance(stats, EngineStats) or not (held or pending):
             return stats  # nothing to add (or a test double's stats): no copy on every publish
-        return dataclasses.replace(stats, ended_requests_held=held, census_pending=pending)
+        return dataclasses.replace(stats, ended_requests_held=held, census_pending=pending, census_overdue=overdue)
 
     # ---- the request-id census ----------------------------------------------------------------
+    def _idle_wait(self) -> float:
+        """How long an idle loop waits for a command: ``idle_timeout``, or less when a census is
+        pending, so that it runs once the engine has been quiet long enough (``IdleCensus.wait_s``)."""
+        wait = self.census.wait_s(self._last_step)
+        return self.idle_timeout if wait is None else min(self.idle_timeout, wait)
+
+    def _census_blockers(self) -> dict[str, int]:
+        """What keeps the engine from an idle point: its scheduler's running and waiting
+        sequences (by the names the census and ``EngineView.registries`` give them)."""
+        if not self.engine.has_unfinished_requests():
+            return {}
+        s = self.engine.stats()
+        busy = {"scheduler.running": getattr(s, "num_running", 0), "scheduler.waiting": getattr(s, "num_waiting", 0)}
+        return {k: v for k, v in busy.items() if v} or {"scheduler.unfinished": 1}
+
     def _maybe_census(self) -> None:
-        """At an idle point (nothing in flight), when the census is due (``IdleCensus.due``): walk
-        the engine and this loop for containers that still hold ended requests
+        """At the engine's own idle point (no running or waiting sequence and no step for
+        ``CENSUS_QUIET_S``, whatever this loop's live map holds: a leaked entry there must not
+        switch the census off), when the census is due (``IdleCensus.tick``): walk the engine
+        and this loop for containers that still hold ended requests
         (``EngineView.request_census``), and publish the counts at once with the stats, in a
         batch of its own (a "census" event: an idle engine core sends no empty batch), so
-        ``vlite:ended_requests_held`` in /metrics is current within the interval. Costs ms;
-        never inside a step."""
-        if self._live or not self.census.due() or self.engine.has_unfinished_requests():
-            return
+        ``vlite:ended_requests_held`` in /metrics is current within the interval. A census kept
+        from its idle point by a scheduler that never empties, while no request is added, is
+        published as overdue (``vlite:census_overdue_seconds``). Costs ms; never inside a step."""
+        if not self.census.pending and self.census.overdue is None:
+            return  # the common case, every step: nothing ended since the last census
         if not hasattr(self.engine, "scheduler"):  # a test double: nothing to walk
             return
+        if self.census.tick(self._census_blockers, self._last_step, self._last_add, self._walk):
+            self._events.append(("census",))  # the counts go out now, with the stats of this batch
+            self._publish()
+
+    def _walk(self, ended: set[str], skip: list[object]):
         from vlite.engine.introspection import EngineView
 
-        view = EngineView(self.engine, self)
-        self.census.run(lambda ended, skip: view.request_census(
-            ended, skip=skip, exclude_modules=self.census_exclude_modules))
-        self._events.append(("census",))  # the counts go out now, with the stats of this batch
-        self._publish()
+        return EngineView(self.engine, self).request_census(ended, skip=skip,
+                                                            exclude_modules=self.census_exclude_modules)
 
     def census_document(self) -> dict:
         """The last census for ``/debug/census`` (``IdleCensus.document``, process "engine")."""

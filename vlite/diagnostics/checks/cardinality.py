@@ -1,0 +1,88 @@
+"""Metric label cardinality: a ``/metrics`` family whose series count grows with requests served.
+
+A metric labelled by a client-chosen value (a stop string, a user id) adds one series per
+distinct value, for ever (litellm#12159). Each series is small, so host memory's plateau test
+misses it, but the page shows it from outside. At each idle point the leak check counts, per
+metric family, its series (distinct label sets; a histogram's ``le`` and a summary's
+``quantile`` are parts of one series) and the distinct values of each label
+(``series_counts``); ``cardinality_check`` then calls a family a LEAK when its series kept
+growing after the first wave and through the second half of the run, by at least
+``MIN_NEW_SERIES`` and ``MIN_SERIES_PER_REQUEST``, and names the label whose distinct values grew the most. A label over a
+fixed set (finish reasons, allocation sites, client actions) fills within a few waves and then
+stays put; a label over client values grows with every wave that brings new ones.
+
+Input: Prometheus text exposition format 0.0.4, parsed by ``prometheus_client.parser``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Labels that split one series into its buckets or quantiles, not into series of their own.
+_PART_LABELS = frozenset({"le", "quantile"})
+# New series after the first wave below which growth is not called a leak (a fixed label set can
+# still gain a value or two late: a finish kind or an abort state first seen in a later wave).
+MIN_NEW_SERIES = 4
+# ... and below this many new series per request served (a client value per request gives 1; a
+# stop string on one request in five, 0.2; a fixed set of 20 values over 200 requests, 0.1 at most).
+MIN_SERIES_PER_REQUEST = 0.1
+
+FamilyCounts = dict[str, tuple[int, dict[str, int]]]  # family -> (series, label -> distinct values)
+
+
+def series_counts(text: str) -> FamilyCounts:
+    """Per metric family of a ``/metrics`` page: its number of series and each label's number of
+    distinct values. Families are as the page declares them (``# TYPE``); a page that does not
+    parse gives {} (the targets that read the page report that themselves).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError):
+        return {}
+    series: dict[str, set[tuple]] = {}
+    values: dict[str, dict[str, set[str]]] = {}
+    for fam in families:  # the parser may split one family in several (samples out of order): merged by name
+        fam_series, fam_values = series.setdefault(fam.name, set()), values.setdefault(fam.name, {})
+        for s in fam.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in _PART_LABELS}
+            fam_series.add(tuple(sorted(labels.items())))
+            for k, v in labels.items():
+                fam_values.setdefault(k, set()).add(v)
+    return {name: (len(series[name]), {k: len(v) for k, v in values[name].items()}) for name in series}
+
+
+def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
+    """The cardinality verdict over idle points ``(requests served so far, series_counts(page))``,
+    baseline first.
+
+    Returns ``{"verdict": "LEAK" | "CLEAN" | "too few idle points", "growing": [...],
+    "families": n}``; each growing family is ``{"family", "label", "series_first", "series_last",
+    "new_series", "series_per_request", "label_values_first", "label_values_last"}``, where
+    "first" is the idle point after the first wave (warm-up left out) and "label" the label whose
+    distinct values grew the most. Needs three idle points after the baseline.
+    """
+    pts = [p for p in points if p[1]]
+    if len(pts) < 4:
+        return {"verdict": "too few idle points", "growing": [], "families": len(pts[-1][1]) if pts else 0}
+    warm, mid, last = pts[1], pts[1 + (len(pts) - 1) // 2], pts[-1]
+    growing = []
+    for fam, (n_last, labels_last) in sorted(last[1].items()):
+        n_warm, labels_warm = warm[1].get(fam, (0, {}))
+        n_mid = mid[1].get(fam, (0, {}))[0]
+        served = max(1, last[0] - warm[0])
+        if n_last - n_warm < max(MIN_NEW_SERIES, MIN_SERIES_PER_REQUEST * served) or n_last <= n_mid:
+            continue  # few new series, or none since the middle of the run: a fixed set filling up
+        label = max(labels_last, key=lambda k: (labels_last[k] - labels_warm.get(k, 0), k), default="?")
+        growing.append({"family": fam, "label": label, "series_first": n_warm, "series_last": n_last,
+                        "new_series": n_last - n_warm, "series_per_request": round((n_last - n_warm) / served, 3),
+                        "label_values_first": labels_warm.get(label, 0),
+                        "label_values_last": labels_last.get(label, 0)})
+    return {"verdict": "LEAK" if growing else "CLEAN", "growing": growing, "families": len(last[1])}
+
+
+def describe(check: dict) -> str:
+    """The verdict line's part for growing families: "vlite:x series +12 by label stop (0.2/request)"."""
+    return "; ".join(f"{g['family']} series {g['series_first']} -> {g['series_last']} growing by label "
+                     f"{g['label']!r} ({g['series_per_request']:g} per request)" for g in check["growing"])
