@@ -59,7 +59,7 @@ def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_ti
     assert not any(s.action.kind in ("abort-preempted", "abort-resumed") for s in specs)
     run = run_http(url, specs, max_concurrency=8, idle_every=7, sample_interval_s=0.05)
     f = run.findings
-    assert not f.leak and f.verdict == "CLEAN", f.summary()
+    assert not f.leak and f.verdict == "CLEAN", (f.summary(), (f.zombies or {}).get("zombies"))
     cov = f.coverage
     assert cov["forks"] > 0 and cov["beam_prunes"] > 0 and cov["prefix_hit_tokens"] > 0
     assert cov["finish_reasons"].get("stop:stop_string", 0) + cov["finish_reasons"].get("stop:stop_token", 0) > 0

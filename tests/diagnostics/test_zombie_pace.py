@@ -59,6 +59,10 @@ def test_a_release_one_slow_step_after_the_disconnect_is_clean_in_steps():
     assert rows["slow"]["outlived_s"] == 1.6 and rows["slow"]["outlived_steps"] == 1 and not rows["slow"]["zombie"]
     assert rows["zombie"]["outlived_steps"] == 20 and [r["request_id"] for r in z["zombies"]] == ["zombie"]
     assert z["step_source"] == "sampled"
+    # a fast engine: 9 steps ran before the HTTP layer noticed the disconnect, 0.3 s: no zombie
+    fast = {"finished": True, "finished_time": 10.3, "finished_step": 109, "released_time": 10.3,
+            "released_step": 109, "num_output_tokens": 12}
+    assert zombie_check([_left("fast", 10.0)], {"fast": fast}, step_timeline=timeline)["zombies"] == []
     text = "\n".join(lines(z))
     assert "--zombie-threshold-steps" in text and "more than 2 engine steps" in text and "at least" in text
     assert "ZOMBIE zombie (disconnect after 2 chunks): outlived its client by 30.0 s, 20 engine steps" in text
@@ -78,6 +82,7 @@ def test_where_no_step_is_known_the_wall_clock_bound_scales_with_the_measured_it
     # the running gauge in steps, where the server counts them: 1 step of 3 s is no zombie
     assert zombie_check([], {}, gauge_lag_s=3.0, gauge_lag_steps=1)["zombies"] == []
     assert zombie_check([], {}, gauge_lag_s=3.0, gauge_lag_steps=9)["zombies"][0]["outlived_steps"] == 9
+    assert zombie_check([], {}, gauge_lag_s=0.4, gauge_lag_steps=9)["zombies"] == []
 
 
 def test_histogram_quantile_of_the_run_is_the_bucket_bound_holding_it():

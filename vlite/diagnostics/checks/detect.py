@@ -158,7 +158,9 @@ class Findings:
         rows = z["zombies"]
         bounds = []
         if any(r["outlived_steps"] is not None for r in rows):
-            bounds.append(f"{z['threshold_steps']} engine steps (--zombie-threshold-steps)")
+            over_http = z.get("step_source") == "sampled" or z.get("gauge_lag_steps") is not None
+            bounds.append(f"{z['threshold_steps']} engine steps (--zombie-threshold-steps)"
+                          + (f" and {z['threshold_s']:g} s (--zombie-threshold-s)" if over_http else ""))
         if any(r["outlived_steps"] is None for r in rows):
             bounds.append(f"{z.get('bound_s', z['threshold_s']):g} s (--zombie-threshold-s)")
         who = "1 request outlived its client" if len(rows) == 1 else f"{len(rows)} requests outlived their clients"
