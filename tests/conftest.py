@@ -6,7 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+from vlite.engine.worker.cpu_threads import apply_openmp_defaults
+
+apply_openmp_defaults()  # the OpenMP wait policy the vlite command runs with; must precede torch's import
+
+import torch  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
