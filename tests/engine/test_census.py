@@ -249,3 +249,11 @@ def test_new_work_keeps_a_busy_census_from_being_called_overdue(monkeypatch):
         clock.t += 1.0
         census.tick(lambda: {"requests_in_flight": 2}, clock.t, clock.t - 0.5, lambda i, s: CensusResult((), 1, False))
         assert census.overdue is None
+
+
+def test_an_ended_requests_map_entry_is_one_container_not_one_per_part_of_its_value():
+    # the engine loop's live map holds _LiveRequest(request, last): reported once, at the map
+    # (not as live['r-1'].last, live['r-2'].last, ...: one /metrics series per request)
+    root = _Holder(live={"r-1": _Holder(last=_RequestState("r-1"), n=1), "r-2": _Holder(last=_RequestState("r-2"))})
+    result = request_census({"loop": root}, {"r-1", "r-2"})
+    assert _paths(result) == {"loop.live": ("key", ("r-1", "r-2"))}

@@ -215,12 +215,15 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
         if isinstance(obj, (dict, list, set, frozenset, collections.deque, tuple)) and len(obj) and \
                 not isinstance(obj, tuple):
             sizes[path] = len(obj)
+        held_key = None  # the suffix of a map entry whose key is an ended request's
         for suffix, kind, child in _children(obj):
             rid = match(child)
             if rid is None and kind == "key" and isinstance(child, tuple):
                 # a compound key, e.g. the ledger's (seq_id, block_id)
                 rid = next((r for r in map(match, child) if r is not None), None)
             if rid is not None:
+                if kind == "key":
+                    held_key = suffix
                 # a string held as an object's attribute is owned by that object: report the object
                 where = path + suffix if kind == "attribute" else path
                 if kind == "attribute" and match(obj) is not None:
@@ -229,6 +232,8 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
                 continue
             if isinstance(child, _ATOMS) or isinstance(child, _OPAQUE) or _not_entered(child):
                 continue
+            if kind == "value" and suffix == held_key:
+                continue  # an ended request's entry is reported at its map, not per part of its value
             if id(child) in seen:
                 continue
             seen.add(id(child))
