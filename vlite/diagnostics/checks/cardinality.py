@@ -6,7 +6,7 @@ misses it, but the page shows it from outside. At each idle point the leak check
 metric family, its series (distinct label sets; a histogram's ``le`` and a summary's
 ``quantile`` are parts of one series) and the distinct values of each label
 (``series_counts``); ``cardinality_check`` then calls a family a LEAK when its series kept
-growing after the first wave and through the second half of the run (``MIN_LATE_SHARE``), by at
+growing after the first wave and through the later half of the run (``MIN_LATE_SHARE``), by at
 least ``MIN_NEW_SERIES`` and ``MIN_SERIES_PER_REQUEST``, and names the label whose distinct values grew the most. A label over a
 fixed set (finish reasons, allocation sites, client actions) fills within a few waves and then
 stays put; a label over client values grows with every wave that brings new ones.
@@ -28,9 +28,10 @@ MIN_NEW_SERIES = 20
 # ... and below this many new series per request served (a client value per request gives 1; a
 # stop string on one request in five, 0.2).
 MIN_SERIES_PER_REQUEST = 0.1
-# ... and with less than this share of that growth in the second half of the run (a set filling
-# up slows down; values per request do not).
-MIN_LATE_SHARE = 1 / 3
+# ... and with less than this share, in the later half of the run (from the idle point nearest its
+# middle, by requests served), of the growth a steady rate per request would give there (a set
+# filling up slows down; values per request do not).
+MIN_LATE_SHARE = 0.5
 
 FamilyCounts = dict[str, tuple[int, dict[str, int]]]  # family -> (series, label -> distinct values)
 
@@ -71,14 +72,17 @@ def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
     pts = [p for p in points if p[1]]
     if len(pts) < 4:
         return {"verdict": "too few idle points", "growing": [], "families": len(pts[-1][1]) if pts else 0}
-    warm, mid, last = pts[1], pts[1 + (len(pts) - 1) // 2], pts[-1]
+    warm, last = pts[1], pts[-1]
+    middle = (warm[0] + last[0]) / 2
+    mid = min(pts[2:-1], key=lambda p: abs(p[0] - middle))
+    late = (last[0] - mid[0]) / max(1, last[0] - warm[0])  # the later part's share of the requests
     growing = []
     for fam, (n_last, labels_last) in sorted(last[1].items()):
         n_warm, labels_warm = warm[1].get(fam, (0, {}))
         n_mid = mid[1].get(fam, (0, {}))[0]
         served = max(1, last[0] - warm[0])
         new = n_last - n_warm
-        if new < max(MIN_NEW_SERIES, MIN_SERIES_PER_REQUEST * served) or n_last - n_mid < MIN_LATE_SHARE * new:
+        if new < max(MIN_NEW_SERIES, MIN_SERIES_PER_REQUEST * served) or n_last - n_mid < MIN_LATE_SHARE * late * new:
             continue  # few new series, or few since the middle of the run: a fixed set filling up
         label = max(labels_last, key=lambda k: (labels_last[k] - labels_warm.get(k, 0), k), default="?")
         growing.append({"family": fam, "label": label, "series_first": n_warm, "series_last": n_last,
