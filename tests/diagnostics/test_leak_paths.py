@@ -367,6 +367,10 @@ def test_zombie_thresholds_steps_in_process_seconds_over_http_and_the_running_ga
     assert z["not_released"] == ["d"] and z["distribution"]["n"] == 3 and z["distribution"]["max_steps"] == 4
     assert z["distribution"]["tokens_after_leaving_total"] == 4
     assert zombie_check([], {}, gauge_lag_s=2.5)["zombies"][0]["client_action"] == "(running-request gauge)"
+    # in process, 0 steps after the abort is no zombie whatever a token count says (a step makes one token)
+    same_step = {"e": {"finished": True, "finished_time": 10.0, "released_time": 10.0, "released_step": 5,
+                       "num_output_tokens": 15}}
+    assert zombie_check([left("e", 10.0, 5, 8)], same_step)["zombies"] == []
     assert zombie_check([], {}, gauge_lag_s=0.2)["zombies"] == []
 
 

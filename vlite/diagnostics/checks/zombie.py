@@ -20,8 +20,8 @@ for want of samples), and there the request must also have outlived its client b
 engine runs many steps). Where no step is known (a server without that counter or without
 ``/debug/blocks``), the bound is wall-clock: ``max(threshold_s, (threshold_steps + 1) x the p99
 inter-token latency measured during the run)`` (``threshold_s`` default 1 s,
-``--zombie-threshold-s``). In process a request with more than ``threshold_steps`` tokens
-generated after its client left is a zombie too. A request whose blocks were never released is
+``--zombie-threshold-s``). In process, where its steps are unknown, a request with more than
+``threshold_steps`` tokens generated after its client left is a zombie too. A request whose blocks were never released is
 a leak, not a zombie: it is in the leak sections and counted here as ``not_released``.
 """
 
@@ -113,7 +113,9 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
             zombie = steps > threshold_steps
         else:  # over HTTP the server also has to notice the disconnect: threshold_s for that, in time
             zombie = steps > threshold_steps and outlived_s > threshold_s
-        zombie = zombie or (tokens is not None and tokens > threshold_steps)
+        # a step makes at most one token per sequence, so tokens judge only where steps are unknown
+        # (a token count of another of the request's sequences once read 15 against 8 at 0 steps)
+        zombie = zombie or (steps is None and tokens is not None and tokens > threshold_steps)
         rows.append({"request_id": r.request_id, "client_action": r.action_label, "outlived_s": round(outlived_s, 4),
                      "outlived_steps": steps, "tokens_after_leaving": tokens, "zombie": zombie})
     secs = [row["outlived_s"] for row in rows]
