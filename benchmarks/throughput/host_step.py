@@ -20,7 +20,12 @@ the wrapped calls inside it (exclusive time) goes to its phase:
   other     the rest of LLMEngine.step (executor dispatch, copy-on-write, glue)
 
 ``host`` is the step less its forward. Each figure is the median over the timed steps (so
-the phases need not add up to the step's median).
+the phases need not add up to the step's median). ``--clock cpu`` times with the thread's CPU
+time instead of wall time: on a loaded machine the wall time of any phase includes the slices
+other processes took.
+
+vlite runs its torch paths (no C++ CPU kernel: a fresh worktree would build them, minutes)
+on one torch thread unless ``--cpp-kernels`` / ``--threads`` say otherwise.
 
 ``--baseline-commit REV`` makes a temporary ``git worktree`` of REV, runs this same file
 there in a subprocess (``PYTHONPATH`` at that tree, the same arguments), and prints both
@@ -51,6 +56,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# vlite's switches to its torch paths: no C++ CPU kernel is loaded (or built, in a fresh worktree)
+TORCH_PATHS = {"VLITE_ATTENTION_BACKEND": "torch", "VLITE_FUSED_OPS": "torch", "VLITE_CPU_LAYER_LOOP": "python",
+               "VLITE_CPU_GEMM": "torch"}
 PHASES = ("schedule", "prepare", "forward", "sample", "update", "output", "other")
 
 # (phase, module, attribute path): wrapped where they exist (an older or newer tree may lack some)
@@ -71,12 +79,13 @@ HOOKS = (
 class PhaseTimer:
     """Exclusive time per phase: a wrapped call's time less that of the wrapped calls inside it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
         self.stack: list[float] = []
         self.acc: dict[str, float] = defaultdict(float)
 
     def wrap(self, phase: str, fn):
-        perf = time.perf_counter
+        perf = self.clock
 
         def timed(*args, **kwargs):
             t0 = perf()
@@ -171,9 +180,9 @@ def run_one(checkpoint, num_seqs: int, steps: int, stream: bool, timer: PhaseTim
     timer.take()
     per_step = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0 = timer.clock()
         engine.step()
-        total = time.perf_counter() - t0
+        total = timer.clock() - t0
         parts = timer.take()
         row = {p: parts.get(p, 0.0) * 1e3 for p in PHASES}
         row["step"] = total * 1e3
@@ -191,7 +200,7 @@ def measure(args) -> dict:
     from vlite.engine.worker.loader import load_checkpoint
 
     torch.set_num_threads(args.threads) if args.threads else None
-    timer = PhaseTimer()
+    timer = PhaseTimer(time.thread_time if args.clock == "cpu" else time.perf_counter)
     hooks = install_hooks(timer)
     if args.model:
         checkpoint = load_checkpoint(args.model)
@@ -200,8 +209,12 @@ def measure(args) -> dict:
         checkpoint = load_checkpoint(str(model_dir))
     results = [run_one(checkpoint, n, args.steps, args.stream, timer) for n in args.num_seqs]
     import vlite
+    from vlite.kernels import cpu_extension
 
-    return {"tree": str(Path(vlite.__file__).resolve().parents[1]), "hooks": hooks, "results": results}
+    # the C++ CPU kernels (argmax, attention) or torch's: a build by another process can leave one run without them
+    kernels = "C++" if cpu_extension.loaded() is not None else "torch"
+    return {"tree": str(Path(vlite.__file__).resolve().parents[1]), "hooks": hooks, "kernels": kernels,
+            "results": results}
 
 
 def git(*cmd: str) -> str:
@@ -248,15 +261,15 @@ def print_table(runs: list[tuple[str, dict]], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("seqs", "commit", "step", "host", *PHASES):
+    for col in ("seqs", "commit", "kernels", "step", "host", *PHASES):
         table.add_column(col, justify="right")
     by_n: dict[int, list] = defaultdict(list)
     for label, data in runs:
         for r in data["results"]:
-            by_n[r["num_seqs"]].append((label, r["median_ms"]))
+            by_n[r["num_seqs"]].append((label, data.get("kernels", "?"), r["median_ms"]))
     for n, rows in by_n.items():
-        for label, m in rows:
-            table.add_row(str(n), label, f"{m['step']:.2f}", f"[bold]{m['host']:.2f}[/]",
+        for label, kernels, m in rows:
+            table.add_row(str(n), label, kernels, f"{m['step']:.2f}", f"[bold]{m['host']:.2f}[/]",
                           *(f"{m[p]:.2f}" for p in PHASES))
     Console(width=max(Console().width, 120)).print(table)
 
@@ -268,7 +281,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per run (after the warm-up)")
     ap.add_argument("--model", default=None, help="a model (e.g. smollm2) instead of the tiny random Llama")
     ap.add_argument("--stream", action="store_true", help="an output of every request at every step")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: the forward is near zero, and OpenMP barriers on a busy "
+                         "machine would add noise; 0: torch's default)")
+    ap.add_argument("--cpp-kernels", action="store_true",
+                    help="let vlite load its C++ CPU kernels (default: torch paths in both trees, so that "
+                         "no tree builds them and both run the same ops)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: elapsed time; cpu: this thread's CPU time (host work on a loaded machine, "
+                         "where wall time counts the time slices other processes take; the forward's "
+                         "other threads are not counted)")
     ap.add_argument("--baseline-commit", default=None, help="also run this commit, side by side")
     ap.add_argument("--json", default=None, help="write the figures to this file")
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -276,6 +298,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.model and args.model.lower() == "smollm2":
         args.model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    if not args.cpp_kernels:  # before vlite is imported; the baseline's subprocess inherits them
+        os.environ.update(TORCH_PATHS)
     if args._child:
         Path(args.json).write_text(json.dumps(measure(args)))
         return
@@ -293,7 +317,8 @@ def main() -> None:
     dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
     runs.append((git("rev-parse", "--short", "HEAD") + dirty, measure(args)))
     load_after = os.getloadavg()
-    title = (f"host time per step, ms (median of {args.steps} steps; {args.model or 'tiny Llama, 1 layer'}; "
+    title = (f"host time per step, ms of {args.clock} time (median of {args.steps} steps; "
+             f"{args.model or 'tiny Llama, 1 layer'}; "
              f"{'stream' if args.stream else 'final-only'} outputs; {started}; "
              f"load average {load[0]:.2f} -> {load_after[0]:.2f})")
     print_table(runs, title)
