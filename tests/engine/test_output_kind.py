@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from conftest import make_engine
+
 from vlite.engine.sampling_params import RequestOutputKind, SamplingParams
 
 PROMPT = "The quick brown fox"

@@ -143,6 +143,7 @@ __all__ = [
     "REGISTRIES",
     "RequestOrigin",
     "RequestOutput",
+    "RequestOutputKind",
     "RequestRejectedError",
     "RequestStreamGroup",
     "SamplingParams",
