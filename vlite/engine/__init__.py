@@ -42,6 +42,7 @@ from vlite.engine.sampling_params import (
     MAX_TEMPERATURE,
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
+    RequestOutputKind,
     SamplingParams,
     StructuredOutputsParams,
 )
@@ -146,6 +147,7 @@ __all__ = [
     "REGISTRIES",
     "RequestOrigin",
     "RequestOutput",
+    "RequestOutputKind",
     "RequestRejectedError",
     "RequestStreamGroup",
     "SamplingParams",

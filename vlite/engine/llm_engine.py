@@ -11,6 +11,7 @@ origin of any block still held. The read-only methods at the bottom delegate to
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import uuid
@@ -30,7 +31,7 @@ from vlite.engine.kv_cache_fit import check_kv_cache_fits
 from vlite.engine.metrics import EngineStats
 from vlite.engine.output_processor import OutputProcessor
 from vlite.engine.outputs import RequestOutput
-from vlite.engine.sampling_params import SamplingParams
+from vlite.engine.sampling_params import RequestOutputKind, SamplingParams
 from vlite.engine.worker.executor import Executor, WorkerFailedError
 from vlite.engine.worker.executor_factory import create_executor
 from vlite.engine.worker.loader import LoadedCheckpoint, load_checkpoint
@@ -293,7 +294,8 @@ class LLMEngine:
 
     # ---- stepping ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return an output for every request that advanced or ended.
+        """Run one scheduling step; return an output for every request that advanced or ended
+        (a request with ``output_kind`` FINAL_ONLY: only when it ended).
 
         A failed forward ends that batch's requests with finish reason "error", not the engine.
         A failed tensor-parallel rank ends every live request with finish reason "error" and a
@@ -337,6 +339,8 @@ class LLMEngine:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        # only the final outputs are read here: nothing is built or decoded for a request before it ends
+        params = [dataclasses.replace(p or SamplingParams(), output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         ids: list[str] = []
         try:
             for prompt, p in zip(prompts, params):

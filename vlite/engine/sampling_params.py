@@ -5,6 +5,7 @@ request asks structured output for (vLLM's ``StructuredOutputsParams``, here as 
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from dataclasses import dataclass, field
@@ -133,6 +134,19 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seed range, as vLLM validates it
 MAX_TOP_K = 2**31 - 1  # any top_k >= the vocabulary size keeps every token
 
 
+class RequestOutputKind(enum.Enum):
+    """Which steps give a request a ``RequestOutput`` (vLLM's ``RequestOutputKind``).
+
+    CUMULATIVE: every step that advanced or ended it (a stream, a client that watches
+        tokens), with the text and tokens so far.
+    FINAL_ONLY: only the step that ended it (``LLMEngine.generate``, vLLM's offline default):
+        nothing is built or detokenized for it in between.
+    """
+
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request's output.
@@ -165,6 +179,8 @@ class SamplingParams:
     structured_outputs: constrain the output to a JSON schema, a JSON object, a regex, a choice
         or a grammar (``vlite.engine.core.structured_output``; vLLM's field); a dict is read as
         ``StructuredOutputsParams(**dict)``. Not with beam search.
+    output_kind: which steps return an output for the request (``RequestOutputKind``;
+        CUMULATIVE by default, FINAL_ONLY in ``LLMEngine.generate``).
     Every float must be finite; booleans are not accepted as integers.
 
     Raises:
@@ -193,6 +209,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_outputs, dict):

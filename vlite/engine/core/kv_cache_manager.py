@@ -190,6 +190,12 @@ class KVCacheManager:
         the (src, dst) pair is queued in ``pending_copies`` for the model runner).
         All or nothing: returns False, changing nothing, when the blocks do not suffice.
         """
+        if num_new_tokens == 1 and not prefix_hits:
+            # most decode steps: the token's slot is in a block the sequence holds alone, nothing to do
+            table = self.block_tables.get(seq.seq_id)
+            idx = seq.num_computed_tokens // self.block_size
+            if table is not None and idx < len(table) and self.blocks[table[idx]].ref_count == 1:
+                return True
         hits = prefix_hits or []
         num_new_blocks = self.num_blocks_to_grow(seq, num_new_tokens, len(hits))
         hits_from_queue = sum(1 for b in hits if self.blocks[b].ref_count == 0)

@@ -48,7 +48,8 @@ class Scheduler:
         faults: planted faults for the leak checker's self-test.
         enable_ledger: record every block allocation (off only to measure its cost).
         detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
-            returns the new text (the output processor's); None = no stop strings checked.
+            returns the new text (the output processor's), called after each token of a
+            sequence with stop strings; None = no stop strings checked.
         finished_history: finished sequences whose records are kept for attribution.
         structured_output: the grammar compiler cache and per-sequence matchers (structured
             output); None: a manager without a tokenizer (constrained requests are refused).
@@ -167,11 +168,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_tokens, num_computed = seq.num_tokens, seq.num_computed_tokens
+            num_new = min(num_tokens - num_computed, budget)
             if num_new == 0:  # a beam waiting for its siblings' logits
                 i += 1
                 continue
-            site = AllocationSite.PREFILL if seq.in_prefill else AllocationSite.DECODE_APPEND
+            in_prefill = num_computed < num_tokens - 1
+            site = AllocationSite.PREFILL if in_prefill else AllocationSite.DECODE_APPEND
             while not self.kv_cache_manager.allocate_slots(seq, num_new, site):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -179,8 +182,8 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                item = ScheduledSequence(seq, num_new, seq.num_computed_tokens + num_new == seq.num_tokens)
-                (prefills if seq.in_prefill else decodes).append(item)
+                item = ScheduledSequence(seq, num_new, num_computed + num_new == num_tokens)
+                (prefills if in_prefill else decodes).append(item)
                 budget -= num_new
                 i += 1
 
@@ -221,14 +224,17 @@ class Scheduler:
             self.waiting = deque(sorted(self.waiting, key=lambda s: order[s.request_id]))
         out.scheduled = decodes + prefills
         tables = self.kv_cache_manager.block_tables
-        out.block_tables = {item.seq.seq_id: tables[item.seq.seq_id] for item in out.scheduled}
+        requests = self.requests
+        for item in out.scheduled:
+            seq = item.seq
+            out.block_tables[seq.seq_id] = tables[seq.seq_id]
+            if item.sample:
+                req = requests[seq.request_id]
+                if req.needs_logits:  # raw logits to rank beams or to fork n samples
+                    out.keep_logits = True
+                    if req.beam is None:  # n > 1: the runner samples the first token of every sample
+                        item.num_forks = req.params.n - 1
         out.blocks_to_copy = self.kv_cache_manager.take_pending_copies()
-        out.keep_logits = any(self.requests[item.seq.request_id].needs_logits
-                              for item in out.scheduled if item.sample)
-        for item in out.scheduled:  # n > 1: the runner samples the first token of every sample
-            req = self.requests[item.seq.request_id]
-            if item.sample and req.beam is None and req.params.n > 1 and len(req.seqs) == 1:
-                item.num_forks = req.params.n - 1
         return out
 
     def _preempt(self, seq: Sequence) -> None:
@@ -353,8 +359,9 @@ class Scheduler:
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
-        new_text = self.detokenize(seq) if self.detokenize is not None else ""
         p = seq.sampling_params
+        # text only where a stop string needs it now; the output processor decodes the rest when read
+        new_text = self.detokenize(seq) if p.stop and self.detokenize is not None else ""
         done = seq.num_output_tokens >= p.min_tokens
         if grammar_error is not None:
             # The sampler only offers tokens the grammar allows, so a rejection means the
@@ -368,7 +375,7 @@ class Scheduler:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=token)
         elif done and not p.ignore_eos and token in seq.eos_token_ids:
             self.finish_sequence(seq, FinishReason.STOP)
-        elif (stop := find_stop_string(seq, len(new_text)) if done and self.detokenize else None) is not None:
+        elif (stop := find_stop_string(seq, len(new_text)) if done and new_text else None) is not None:
             self.finish_sequence(seq, FinishReason.STOP, stop_reason=stop)
         elif grammar_done:
             self.finish_sequence(seq, FinishReason.STOP, kind="stop:grammar")

@@ -116,23 +116,31 @@ def prepare_input(sched: SchedulerOutput, block_tables: dict[int, list[int]], bl
     tables: list[list[int]] = []
     logits_indices: list[int] = []
     num_decodes = 0
+    planted = faults is not None and faults.active("raise-in-step")
     for item in sched.scheduled:
         seq = item.seq
-        if faults is not None and faults.active("raise-in-step") and seq.origin.client_tag == "raise-in-step":
+        if planted and seq.origin.client_tag == "raise-in-step":
             raise SequenceError([seq.seq_id], f"planted fault raise-in-step for {seq.request_id!r}")
         start = seq.num_computed_tokens
-        end = start + item.num_new_tokens
+        num_new = item.num_new_tokens
+        end = start + num_new
         table = block_tables[seq.seq_id]
-        input_ids.extend(seq.all_token_ids[start:end])
-        positions.extend(range(start, end))
-        slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-        query_lens.append(item.num_new_tokens)
+        if num_new == 1 and end == seq.num_tokens:  # a decode (or a one-token chunk): its last token
+            outputs = seq.output_token_ids
+            input_ids.append(outputs[-1] if outputs else seq.prompt_token_ids[-1])
+            positions.append(start)
+            slots.append(table[start // bs] * bs + start % bs)
+            if len(tables) == num_decodes:
+                num_decodes += 1
+        else:
+            input_ids.extend(seq.token_ids_slice(start, end))
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        query_lens.append(num_new)
         seq_lens.append(end)
         tables.append(table)
         if item.sample:
             logits_indices.append(len(input_ids) - 1)
-        if item.num_new_tokens == 1 and not seq.in_prefill and len(tables) == num_decodes + 1:
-            num_decodes += 1
     return StepInput(input_ids, positions, slots, tables, query_lens, seq_lens, num_decodes, logits_indices, [],
                      plan_prompt_logprobs(sched))
 
