@@ -14,10 +14,10 @@ from vlite.engine.worker import cpu_threads
 from vlite.engine.worker.cpu_threads import LoadReading, ThreadReport, apply_openmp_defaults
 
 
-def test_defaults_set_passive_when_the_user_set_nothing():
+def test_defaults_set_a_short_spin_when_the_user_set_nothing():
     env = {"PATH": "/bin"}
-    assert apply_openmp_defaults(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["VLITE_OMP_DEFAULTS_SET"] == "1"
+    assert apply_openmp_defaults(env) == {"GOMP_SPINCOUNT": "1000"}
+    assert env["GOMP_SPINCOUNT"] == "1000" and env["VLITE_OMP_DEFAULTS_SET"] == "1"
 
 
 @pytest.mark.parametrize("name,value", [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "300000"),
@@ -29,7 +29,7 @@ def test_a_users_setting_is_kept(name, value):
 
 
 def test_the_vlite_command_runs_its_openmp_with_the_policy():
-    """The variable is set before torch's libgomp loads: libgomp itself reports a spin count of 0
+    """The variable is set before torch's libgomp loads: libgomp itself reports a spin count of 1000
     (``OMP_DISPLAY_ENV``), against its default 300,000, and a user's setting wins."""
     env = {k: v for k, v in os.environ.items() if k not in cpu_threads.WAIT_VARIABLES} | {"OMP_DISPLAY_ENV": "VERBOSE"}
     code = "import vlite.cli.main, torch; torch.ones(1 << 20).sum()"
@@ -41,12 +41,12 @@ def test_the_vlite_command_runs_its_openmp_with_the_policy():
             pytest.skip("this torch's OpenMP is not libgomp (no GOMP_SPINCOUNT in OMP_DISPLAY_ENV)")
         return found[0]
 
-    assert spincount({}) == "0"
+    assert spincount({}) == "1000"
     assert spincount({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}) == "300000"
 
 
 def report(load_1m: float, others: int | None, threads: int = 2, cpus: int = 2) -> ThreadReport:
-    return ThreadReport(threads, "PASSIVE (set by vlite)", cpus, LoadReading(load_1m, others))
+    return ThreadReport(threads, "GOMP_SPINCOUNT=1000 (set by vlite)", cpus, LoadReading(load_1m, others))
 
 
 def test_no_warning_on_an_idle_machine_or_with_room_to_spare():
@@ -112,4 +112,4 @@ def test_vlite_serve_logs_its_threads_at_start(vlite_serve, tmp_path):
     log = (tmp_path / "serve-0.log").read_text()
     line = next((x for x in log.splitlines() if "CPU threads:" in x), None)
     assert line is not None, log[-2000:]
-    assert "intra-op" in line and "OMP_WAIT_POLICY=PASSIVE (set by vlite)" in line and "CPUs available" in line
+    assert "intra-op" in line and "GOMP_SPINCOUNT=1000 (set by vlite)" in line and "CPUs available" in line

@@ -7,10 +7,14 @@ runtime, one set of settings. After each parallel region an idle thread spins be
 300,000 spins when ``OMP_WAIT_POLICY`` is unset (a few ms; libgomp's ``GOMP_SPINCOUNT`` docs).
 Beside a busy neighbour on a small machine those spinning threads and the neighbour share the
 cores, and every barrier waits for a thread that lost its time slice: issue 40 measured W1 15x
-slower beside one busy process (transformers 2.5x). With ``OMP_WAIT_POLICY=PASSIVE`` a thread
-sleeps at once and the scheduler wakes it ahead of the neighbour (docs/benchmarks.md, "Beside
-other work", has the figures). vLLM's CPU worker makes the same choice for Intel's OpenMP
-(``KMP_BLOCKTIME=1``); Intel's runtime also reads ``OMP_WAIT_POLICY``.
+slower beside one busy process (transformers 2.5x). vlite sets ``GOMP_SPINCOUNT=1000``: a
+thread spins about a microsecond, long enough for the next region of a step that follows at once,
+then sleeps and lets the neighbour run. Measured on 2 cores (docs/benchmarks.md, "Beside other
+work"): W1 quiet 631 output tok/s (libgomp's default 620-640, ``OMP_WAIT_POLICY=PASSIVE``
+533-543), and beside one busy process 113 tok/s against the default's 74 and PASSIVE's 136.
+PASSIVE (spin count 0) holds more beside a neighbour but costs 15% on a quiet machine and raised
+serving ITL 40% in an earlier run, so it is the user's choice, not the default. vLLM's CPU worker
+makes the same kind of choice for Intel's OpenMP (``KMP_BLOCKTIME=1``, in ms).
 
 OpenMP reads these variables once, when the runtime loads (at ``import torch``), so
 ``apply_openmp_defaults`` runs at the top of the ``vlite`` command (``vlite/cli/main.py``),
@@ -31,7 +35,7 @@ from pathlib import Path
 logger = logging.getLogger("vlite.engine")
 
 # the wait policy vlite sets when the user set none of the variables that decide it
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+OPENMP_DEFAULTS = {"GOMP_SPINCOUNT": "1000"}
 # any of these set by the user means the user chose how threads wait: vlite sets nothing
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "KMP_LIBRARY")
 # the machine is oversubscribed when other work's load exceeds the CPUs vlite's threads leave by this much
@@ -134,7 +138,7 @@ class ThreadReport:
 
 def wait_policy() -> str:
     """The OpenMP wait policy this process runs with, as the environment says, e.g.
-    "PASSIVE (set by vlite)", "GOMP_SPINCOUNT=20000", or "unset (libgomp spins 300,000 times)"."""
+    "GOMP_SPINCOUNT=1000 (set by vlite)", "OMP_WAIT_POLICY=PASSIVE (set by the user)", or "unset (libgomp spins 300,000 times)"."""
     parts = [f"{name}={os.environ[name]}" for name in WAIT_VARIABLES if os.environ.get(name)]
     if not parts:
         return "unset (libgomp spins 300,000 times before sleeping)"
