@@ -169,7 +169,11 @@ def leak_check(
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
 ) -> None:
-    """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left."""
+    """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left.
+
+    Exit 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK, 4 CLEAN with no client abort exercised; every verdict,
+    exit code and an example per mode are at the end of this help.
+    """
     from vlite.cli.leak_check_target import connect_or_fail, run_target
     from vlite.diagnostics.targets.base import TargetPlan, default_wave
     from vlite.diagnostics.workload.actions import ABORT_MODES
