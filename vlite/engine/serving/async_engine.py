@@ -79,11 +79,6 @@ class _AsyncClient:
     def is_running(self) -> bool:
         return self._loop is not None and self.core.is_alive() and not self._dead
 
-    @property
-    def is_idle(self) -> bool:
-        """No request in flight in this client's view: none being added, streaming or queried."""
-        return not (self._groups or self._adding or self._pending)
-
     def census_skip(self) -> tuple[object, ...]:
         """What the API server's request-id census must not enter from this client: its own
         record of ended ids; the event loop (its ready queue, timers and selector reach the
