@@ -86,6 +86,14 @@ def _build():
                                     extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                                     extra_include_paths=[str(_DIR)], verbose=False)
         elapsed = time.monotonic() - t0
+        build_dir = _build_directory(name)
+        if build_dir is not None:
+            record_venv(build_dir)
+            if building:  # rare, and the user is already waiting: tidy the cache now
+                removed = prune_builds_of_deleted_venvs(build_dir.parent)
+                if removed:
+                    logger.warning("removed %d C++ kernel builds of deleted venvs from %s", len(removed),
+                                   build_dir.parent)
         if building or elapsed > 5.0:  # a build (or a wait for another process's) the user sat through
             logger.warning("the C++ CPU kernels were ready after %.0f s on this machine (%d CPUs, load average "
                            "%.1f)", elapsed, os.cpu_count() or 0, os.getloadavg()[0])
@@ -179,3 +187,48 @@ def _already_built(name: str) -> bool:
     source changed; this only decides whether to announce a build)."""
     build_dir = _build_directory(name)
     return True if build_dir is None else (build_dir / f"{name}.so").exists()  # None: only the notice is lost
+
+
+VENV_MARKER = "vlite-venv.txt"
+
+
+def record_venv(build_dir: Path) -> None:
+    """Write the Python environment (``sys.prefix``) a build belongs to into ``build_dir``, so a
+    later build can tell which builds belong to venvs that no longer exist."""
+    marker = build_dir / VENV_MARKER
+    try:
+        if not marker.exists() or marker.read_text().strip() != sys.prefix:
+            marker.write_text(sys.prefix + "\n")
+    except OSError:  # a read-only cache: the build still loads, only the pruning is lost
+        pass
+
+
+def prune_builds_of_deleted_venvs(cache_dir: Path) -> list[Path]:
+    """Remove ``vlite_cpu_ops_*`` builds in ``cache_dir`` whose venv (its ``VENV_MARKER``) is gone.
+
+    Why: each venv gets its own build (the name hashes ``sys.prefix``), so every deleted checkout or
+    ``make clean`` left one behind (tens of MB each). Builds without a marker (made before it
+    existed) and builds whose lock another process holds are left alone.
+
+    Returns:
+        The directories removed.
+    """
+    import shutil
+
+    removed = []
+    for build_dir in sorted(cache_dir.glob("vlite_cpu_ops_*")):
+        marker = build_dir / VENV_MARKER
+        try:
+            prefix = Path(marker.read_text().strip())
+        except OSError:
+            continue
+        if not prefix.parts or prefix.exists():
+            continue
+        with open(build_dir / "vlite-build.lock", "a") as lock_file:
+            try:
+                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # someone is building or loading it right now
+                continue
+            shutil.rmtree(build_dir, ignore_errors=True)
+        removed.append(build_dir)
+    return removed
