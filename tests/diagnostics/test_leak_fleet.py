@@ -195,8 +195,8 @@ def _fleet(pool, drop_aborts=False, leak_b=False):
     return f"http://127.0.0.1:{srv.server_address[1]}", urls
 
 
-def _run(router, urls):
-    opts = FleetOptions(router, urls, max_tokens=100, drain_timeout_s=10.0, threshold_s=0.5, probes_per_replica=2)
+def _run(router, urls, probes=2):
+    opts = FleetOptions(router, urls, max_tokens=100, drain_timeout_s=10.0, threshold_s=0.5, probes_per_replica=probes)
     return FleetRun(opts, on_line=lambda line: None).run()
 
 
@@ -210,7 +210,7 @@ def test_fake_fleet_passing_aborts_is_clean(pool):
 
 def test_fake_fleet_behind_a_proxy_that_drops_aborts_is_zombie_at_the_router_hop(pool):
     router, urls = _fleet(pool, drop_aborts=True)
-    res = _run(router, urls)
+    res = _run(router, urls, probes=1)
     assert [(r["verdict"], r["hop"]) for r in res["replicas"]] == [("ZOMBIE", HOP_ROUTER)] * 2, lines(res)
     assert [p for p in res["probes"] if p["path"] == "direct"]  # the control that names the hop
 
@@ -242,3 +242,38 @@ def test_cli_fleet_exit_code_and_report(pool, tmp_path):
 def test_cli_fleet_option_errors(args, words):
     r = CliRunner().invoke(app, ["leak-check", *args], env={"COLUMNS": "200"})
     assert r.exit_code == 2 and words in r.output, r.output
+
+
+# --- recorded router pages --------------------------------------------------------------------
+
+FIX = Path(__file__).parent / "fixtures"
+R1, R2 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
+
+
+def test_recorded_vllm_router_page_gives_routed_and_in_flight_per_worker():
+    # vllm-router 0.1.17 --policy power_of_two, recorded at idle after 4 requests (tests/interop/fleet.sh's router)
+    from vlite.diagnostics.checks.fleet import ROUTER_IN_FLIGHT, ROUTER_ROUTED
+    from vlite.diagnostics.targets.prom import parse_page
+
+    text = (FIX / "vllm-router-0.1.17-power_of_two-idle.prom").read_text()
+    page = parse_page(text)
+    assert FleetRun._per_worker(page, (ROUTER_ROUTED,)) == {R1: 2.0, R2: 2.0}
+    in_flight = FleetRun._per_worker(page, ROUTER_IN_FLIGHT)
+    assert in_flight == {R1: 0.0, R2: 0.0}
+    facts = [ReplicaFacts(R1, "vlite", "blocks", 0, 0), ReplicaFacts(R2, "vlite", "blocks", 0, 0)]
+    probes = [_left("p1", R1, 0.1), _left("p2", R2, 0.1)]
+    assert judge_fleet(facts, probes, in_flight)["router"]["verdict"] == "CLEAN"
+    stuck = parse_page(text.replace(f'vllm_router_running_requests{{worker="{R2}"}} 0',
+                                    f'vllm_router_running_requests{{worker="{R2}"}} 3'))
+    res = judge_fleet(facts, probes, FleetRun._per_worker(stuck, ROUTER_IN_FLIGHT))
+    assert res["router"]["verdict"] == "LEAK" and R2 in res["router"]["reasons"][0]
+
+
+def test_recorded_sglang_router_page_has_no_per_worker_counts():
+    # sglang-router 0.3.2 (smg) --policy round_robin: neither a routed counter nor an in-flight gauge per worker
+    from vlite.diagnostics.checks.fleet import ROUTER_IN_FLIGHT, ROUTER_ROUTED
+    from vlite.diagnostics.targets.prom import parse_page
+
+    page = parse_page((FIX / "sglang-router-0.3.2-round_robin-idle.prom").read_text())
+    assert FleetRun._per_worker(page, (ROUTER_ROUTED,)) is None
+    assert FleetRun._per_worker(page, ROUTER_IN_FLIGHT) is None

@@ -3,7 +3,7 @@
 # against it. Not in CI (minutes, and it installs a router and Prometheus).
 #   - two `vlite serve` replicas (the default model, SmolLM2-135M-Instruct; MODEL=tiny for a tiny random
 #     model on a busy machine);
-#   - vllm-router 0.1.17 from PyPI (a Rust binary in its wheel) in its own venv, .venv-fleet, round_robin;
+#   - vllm-router 0.1.17 from PyPI (a Rust binary in its wheel) in its own venv, .venv-fleet, power_of_two;
 #   - Debian's prometheus scraping the router's --prometheus-port and every replica every second
 #     (apt-get install when missing and root).
 # Three proofs, each checked from fleet.json:
@@ -71,7 +71,9 @@ serve replica-a "$PA"; PID_A=$LAST
 serve replica-b "$PB"; PID_B=$LAST
 healthy "$A" && healthy "$B" || { echo "fleet: a replica did not start:"; tail -5 "$OUT"/replica-*.log; exit 2; }
 echo "fleet: replicas ready at $A and $B after $(( $(date +%s) - START )) s"
-start router "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$PR" --worker-urls "$A" "$B" --policy round_robin \
+# power_of_two: vllm-router exports its in-flight gauge per worker (vllm_router_running_requests) only for
+# load-aware policies, not round_robin (measured); the check reconciles it with the replicas at idle.
+start router "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$PR" --worker-urls "$A" "$B" --policy "${ROUTER_POLICY:-power_of_two}" \
   --prometheus-host 127.0.0.1 --prometheus-port "$PRM" --log-level info
 healthy "$R" 120 || { echo "fleet: vllm-router did not start:"; tail -5 "$OUT/router.log"; exit 2; }
 if [ -n "$PROM" ]; then
@@ -94,6 +96,7 @@ check() {  # check NAME ROUTER_URL [--router-metrics URL]: leak-check the fleet,
     --num-requests "$NUM_REQUESTS" --abort-rate 0.4 --output-len 8:24 --zombie-max-tokens 128 \
     --drain-timeout 120 --report "$OUT/$name" > "$OUT/$name.txt" 2>&1
   echo "$?" > "$OUT/$name.rc"
+  curl -s "http://127.0.0.1:$PRM/metrics" > "$OUT/$name.router.prom"
   echo "fleet: $name: exit $(cat "$OUT/$name.rc"); $(grep '^verdict' "$OUT/$name.txt")"
 }
 check clean "$R" --router-metrics "http://127.0.0.1:$PRM"
@@ -141,6 +144,7 @@ checks = {
         r["verdict"] == "ZOMBIE" and r["hop"] == "router -> replica" for r in drop["replicas"]),
     "leak: exit 1, replica B LEAK": rc_leak == 1 and rep(leak, b)["verdict"] == "LEAK",
     "leak: replica A CLEAN": rep(leak, a)["verdict"] == "CLEAN",
+    "clean: router in flight reconciled at idle (CLEAN)": clean["router"]["verdict"] == "CLEAN",
 }
 for what, ok in checks.items():
     print(f"fleet: {'ok  ' if ok else 'FAIL'} {what}")

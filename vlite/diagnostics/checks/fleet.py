@@ -194,7 +194,9 @@ def lines(result: dict) -> list[str]:
                    f"{r['bound_s']:g} s")
         out += [f"  {why}" for why in r["reasons"]]
     rt = result["router"]
-    out.append(f"router: {rt['verdict'] or 'not reconciled'}" + "".join(f"; {w}" for w in rt["reasons"]))
+    flight = ("" if rt["in_flight"] is None else " - in flight at idle: "
+              + ", ".join(f"{u} {n:g}" for u, n in sorted(rt["in_flight"].items())))
+    out.append(f"router: {rt['verdict'] or 'not reconciled'}{flight}" + "".join(f"; {w}" for w in rt["reasons"]))
     if result["unattributed"]:
         out.append(f"{len(result['unattributed'])} early leavers no replica counted (left before the router "
                    f"forwarded them?): {', '.join(result['unattributed'][:6])}")
