@@ -13,7 +13,8 @@
 #      pass aborts on): every replica ZOMBIE, hop "router -> replica" (exit 1);
 #   3. replica B restarted with --inject-fault skip-free-on-abort behind vllm-router: B LEAK, A CLEAN (exit 1).
 # Then `vlite leak-check --prometheus` per instance over the range Prometheus recorded (reported, not
-# checked here). Stops every process it started. Output in $OUT (default fleet-report/).
+# checked here). Stops every process it started. Output in $OUT (default fleet-report/); RECORD=1 copies
+# each run's fleet.json to tests/diagnostics/fixtures/fleet-live-*.json (the CI test re-judges them).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
@@ -62,6 +63,7 @@ stop_group() {  # SIGTERM the process group of $1, SIGKILL after 20 s
 }
 cleanup() { for p in "${PIDS[@]}"; do stop_group "$p"; done; wait 2>/dev/null; }
 trap cleanup EXIT
+trap 'exit 130' INT TERM  # the EXIT trap then stops every process started
 healthy() { for _ in $(seq 1 "${2:-600}"); do curl -sf "$1/health" >/dev/null && return 0; sleep 1; done; return 1; }
 serve() {  # serve NAME PORT [extra args]
   local name=$1 p=$2; shift 2
@@ -98,6 +100,7 @@ check() {  # check NAME ROUTER_URL [--router-metrics URL]: leak-check the fleet,
   echo "$?" > "$OUT/$name.rc"
   curl -s "http://127.0.0.1:$PRM/metrics" > "$OUT/$name.router.prom"
   echo "fleet: $name: exit $(cat "$OUT/$name.rc"); $(grep '^verdict' "$OUT/$name.txt")"
+  [ -n "${RECORD:-}" ] && cp "$OUT/$name/fleet.json" "tests/diagnostics/fixtures/fleet-live-$name.json"
 }
 check clean "$R" --router-metrics "http://127.0.0.1:$PRM"
 start proxy "$PY" tests/interop/drop_abort_proxy.py --port "$PX" --drop-aborts --upstream "$A" --upstream "$B"

@@ -179,6 +179,15 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
             "threshold_s": threshold_s, "threshold_steps": threshold_steps}
 
 
+def rejudge(doc: dict) -> dict:
+    """``judge_fleet`` again on what a run recorded (its ``fleet.json``: ``facts``, ``probes``, the
+    router's ``in_flight`` and the thresholds); the verdicts of a recorded live fleet, in CI."""
+    facts = [ReplicaFacts(**f) for f in doc["facts"]]
+    probes = [Probe(**{**p, "timeline": [tuple(x) for x in p["timeline"]]}) for p in doc["probes"]]
+    return judge_fleet(facts, probes, doc["router"]["in_flight"], threshold_s=doc["threshold_s"],
+                       threshold_steps=doc["threshold_steps"])
+
+
 def _yes(v: bool | None) -> str:
     return "no counter" if v is None else "yes" if v else "no"
 

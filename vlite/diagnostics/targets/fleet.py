@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
@@ -289,7 +289,9 @@ class FleetRun:
                "; the router names no worker in its response headers" + ("" if o.router_metrics else
                                                                         " (no --router-metrics to cross-check)")))
         result["load"] = load
-        result["probes"] = [vars(p) | {"timeline": len(p.timeline)} for p in self.probes]
+        # everything judged, so that ``checks.fleet.rejudge`` gives the same verdicts from fleet.json
+        result["facts"] = [asdict(f) for f in facts]
+        result["probes"] = [asdict(p) for p in self.probes]
         result["router_url"] = self.router
         return result
 
