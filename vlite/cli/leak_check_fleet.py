@@ -26,10 +26,18 @@ def run_fleet(opts, console: Console, report: Path | None) -> int:
     def say(line: str) -> None:
         console.print(escape(line), highlight=False)
 
+    run = FleetRun(opts, on_line=say)
     try:
-        result = FleetRun(opts, on_line=say).run()
+        result = run.run()
     except TargetError as exc:
         common.fail(str(exc))
+    except KeyboardInterrupt:  # keep what was measured: the probes so far, unjudged
+        say(f"verdict: INTERRUPTED - {len(run.probes)} probes measured (above), no verdict")
+        if report is not None:
+            report.mkdir(parents=True, exist_ok=True)
+            (report / "fleet.json").write_text(json.dumps({"verdict": "INTERRUPTED", "probes": [
+                vars(p) for p in run.probes]}, indent=1, default=str))
+        return exit_code("INTERRUPTED")
     text = lines(result)
     for line in text:
         say(line)

@@ -81,8 +81,10 @@ class ReplicaFacts:
     ended: float | None = None  # the replica's ended-request counter delta over the run
 
 
-def _judge_probe(p: Probe, step_time_s: float | None, threshold_s: float, threshold_steps: int) -> dict:
-    """The zombie rule of ``zombie.py`` applied to one early leaver; its row (``zombie`` True/False)."""
+def judge_probe(p: Probe, step_time_s: float | None, threshold_s: float, threshold_steps: int) -> dict:
+    """The zombie rule of ``zombie.py`` applied to one early leaver ``p`` (``step_time_s``: the
+    replica's p99 inter-token latency, s); its row, ``zombie`` True/False (``never_ended``: the
+    replica was not seen ending it)."""
     res = RequestResult(p.probe_id, p.action, p.action, p.left_at or 0.0, outcome="aborted", abort_time=p.left_at)
     hist = {p.probe_id: {"finished": p.ended_at is not None, "finished_time": p.ended_at, "finished_step": p.end_step}}
     z = zombie_check([res], hist, threshold_s=threshold_s, threshold_steps=threshold_steps,
@@ -119,8 +121,8 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
         routed = [p for p in mine if p.path == "router"]
         left = [p for p in routed if p.left_at is not None]
         direct = [p for p in mine if p.path == "direct" and p.left_at is not None]
-        rows = [(p, _judge_probe(p, r.step_time_s, threshold_s, threshold_steps)) for p in left]
-        direct_rows = [_judge_probe(p, r.step_time_s, threshold_s, threshold_steps) for p in direct]
+        rows = [(p, judge_probe(p, r.step_time_s, threshold_s, threshold_steps)) for p in left]
+        direct_rows = [judge_probe(p, r.step_time_s, threshold_s, threshold_steps) for p in direct]
         direct_ok = bool(direct_rows) and not any(d["zombie"] for d in direct_rows)
         zombies, hops, reasons = [], set(), []
         for p, row in rows:

@@ -228,7 +228,11 @@ class FleetRun:
             pages_before = {u: (await self._page(client, c))[2] for u, c in self.conns.items()}
             kv_before = {u: await self._idle_kv(client, u, "baseline") for u in self.conns}
             ended_before = {u: r.ended for u, r in (await self._read_all(client)).items()}
-            routed_before = self._per_worker(await self._router_page(client), (judge.ROUTER_ROUTED,))
+            rpage = await self._router_page(client)
+            if o.router_metrics and rpage is None:
+                self.on_line(f"--router-metrics {o.router_metrics}: no Prometheus page there; the router's "
+                             "per-worker counts are not read")
+            routed_before = self._per_worker(rpage, (judge.ROUTER_ROUTED,))
             load = await self._load(client)
             if not await self._wait_fleet_idle(client):
                 self.on_line(f"the fleet did not go idle within {o.drain_timeout_s:g} s after the load")
@@ -253,7 +257,7 @@ class FleetRun:
             # the control: the same early leaver sent to the replica directly, where the router lost one
             for u in self.conns:
                 mine = [p for p in self.probes if p.replica == u and p.path == "router"]
-                rows = [judge._judge_probe(p, step_time[u], o.threshold_s, o.threshold_steps) for p in mine]
+                rows = [judge.judge_probe(p, step_time[u], o.threshold_s, o.threshold_steps) for p in mine]
                 if any(r["zombie"] for r in rows):
                     p = await self._probe(client, u, "direct", PROBE_ACTIONS[0])
                     self.probes.append(p)
