@@ -250,22 +250,22 @@ FIX = Path(__file__).parent / "fixtures"
 R1, R2 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
 
 
-def test_recorded_vllm_router_page_gives_routed_and_in_flight_per_worker():
+def test_recorded_vllm_router_page_gives_routed_and_in_flightper_worker():
     # vllm-router 0.1.17 --policy power_of_two, recorded at idle after 4 requests (tests/interop/fleet.sh's router)
     from vlite.diagnostics.checks.fleet import ROUTER_IN_FLIGHT, ROUTER_ROUTED
     from vlite.diagnostics.targets.prom import parse_page
 
     text = (FIX / "vllm-router-0.1.17-power_of_two-idle.prom").read_text()
     page = parse_page(text)
-    assert FleetRun._per_worker(page, (ROUTER_ROUTED,)) == {R1: 2.0, R2: 2.0}
-    in_flight = FleetRun._per_worker(page, ROUTER_IN_FLIGHT)
+    assert FleetRun.per_worker(page, (ROUTER_ROUTED,)) == {R1: 2.0, R2: 2.0}
+    in_flight = FleetRun.per_worker(page, ROUTER_IN_FLIGHT)
     assert in_flight == {R1: 0.0, R2: 0.0}
     facts = [ReplicaFacts(R1, "vlite", "blocks", 0, 0), ReplicaFacts(R2, "vlite", "blocks", 0, 0)]
     probes = [_left("p1", R1, 0.1), _left("p2", R2, 0.1)]
     assert judge_fleet(facts, probes, in_flight)["router"]["verdict"] == "CLEAN"
     stuck = parse_page(text.replace(f'vllm_router_running_requests{{worker="{R2}"}} 0',
                                     f'vllm_router_running_requests{{worker="{R2}"}} 3'))
-    res = judge_fleet(facts, probes, FleetRun._per_worker(stuck, ROUTER_IN_FLIGHT))
+    res = judge_fleet(facts, probes, FleetRun.per_worker(stuck, ROUTER_IN_FLIGHT))
     assert res["router"]["verdict"] == "LEAK" and R2 in res["router"]["reasons"][0]
 
 
@@ -275,5 +275,26 @@ def test_recorded_sglang_router_page_has_no_per_worker_counts():
     from vlite.diagnostics.targets.prom import parse_page
 
     page = parse_page((FIX / "sglang-router-0.3.2-round_robin-idle.prom").read_text())
-    assert FleetRun._per_worker(page, (ROUTER_ROUTED,)) is None
-    assert FleetRun._per_worker(page, ROUTER_IN_FLIGHT) is None
+    assert FleetRun.per_worker(page, (ROUTER_ROUTED,)) is None
+    assert FleetRun.per_worker(page, ROUTER_IN_FLIGHT) is None
+
+
+# --- the live fleet's recorded runs (tests/interop/fleet.sh with RECORD=1) ----------------------
+
+@pytest.mark.parametrize("run, expected", [
+    ("clean", [("CLEAN", None), ("CLEAN", None)]),
+    ("drop-aborts", [("ZOMBIE", HOP_ROUTER), ("ZOMBIE", HOP_ROUTER)]),
+    ("leak", [("CLEAN", None), ("LEAK", None)]),
+])
+def test_recorded_live_fleet_rejudged_gives_the_same_verdicts(run, expected):
+    from vlite.diagnostics.checks.fleet import rejudge
+
+    doc = json.loads((FIX / f"fleet-live-{run}.json").read_text())
+    res = rejudge(doc)
+    assert [(r["verdict"], r["hop"]) for r in res["replicas"]] == expected
+    assert [r["verdict"] for r in res["replicas"]] == [r["verdict"] for r in doc["replicas"]]
+    assert res["verdict"] == doc["verdict"]
+    if run != "drop-aborts":  # the proxy exports no router page
+        assert res["router"]["verdict"] == "CLEAN"
+    if run == "drop-aborts":  # judged in engine steps, from the replica's own counter
+        assert all(z["outlived_steps"] > 100 for r in res["replicas"] for z in r["zombies"])

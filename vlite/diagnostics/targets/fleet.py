@@ -124,7 +124,9 @@ class FleetRun:
             return None
 
     @staticmethod
-    def _per_worker(page: MetricsPage | None, names: tuple[str, ...]) -> dict[str, float] | None:
+    def per_worker(page: MetricsPage | None, names: tuple[str, ...]) -> dict[str, float] | None:
+        """The first of ``names`` on a router's ``page`` that has a ``worker`` label, summed per
+        worker URL (normalised: no trailing slash, localhost as 127.0.0.1); None when absent."""
         if page is None:
             return None
         for name in names:
@@ -174,7 +176,7 @@ class FleetRun:
         self._n += 1
         rid = f"vlite-fleet-{path}-{self._n}-{int(time.time() * 1000) % 10**8}"
         before = await self._read_all(client)
-        router_before = self._per_worker(await self._router_page(client), (judge.ROUTER_ROUTED,))
+        router_before = self.per_worker(await self._router_page(client), (judge.ROUTER_ROUTED,))
         body = {"prompt": _PROMPT, "max_tokens": self.opts.max_tokens, "temperature": 0.0, "ignore_eos": True,
                 "stream": True, **self.body}
         left_at = None
@@ -212,7 +214,7 @@ class FleetRun:
                 break
             await asyncio.sleep(self.opts.scrape_s)
         replica = served or seen
-        router_after = self._per_worker(await self._router_page(client), (judge.ROUTER_ROUTED,))
+        router_after = self.per_worker(await self._router_page(client), (judge.ROUTER_ROUTED,))
         worker = None
         if router_before is not None and router_after is not None:
             moved = [w for w, v in router_after.items() if v > router_before.get(w, 0.0)]
@@ -232,7 +234,7 @@ class FleetRun:
             if o.router_metrics and rpage is None:
                 self.on_line(f"--router-metrics {o.router_metrics}: no Prometheus page there; the router's "
                              "per-worker counts are not read")
-            routed_before = self._per_worker(rpage, (judge.ROUTER_ROUTED,))
+            routed_before = self.per_worker(rpage, (judge.ROUTER_ROUTED,))
             load = await self._load(client)
             if not await self._wait_fleet_idle(client):
                 self.on_line(f"the fleet did not go idle within {o.drain_timeout_s:g} s after the load")
@@ -272,8 +274,8 @@ class FleetRun:
                 for u, r in (await self._read_all(client)).items()}
             kv_after = {u: await self._idle_kv(client, u, "final") for u in self.conns}
             rpage = await self._router_page(client)
-            routed_after = self._per_worker(rpage, (judge.ROUTER_ROUTED,))
-            in_flight = self._per_worker(rpage, judge.ROUTER_IN_FLIGHT)
+            routed_after = self.per_worker(rpage, (judge.ROUTER_ROUTED,))
+            in_flight = self.per_worker(rpage, judge.ROUTER_IN_FLIGHT)
         facts = []
         for u, c in self.conns.items():
             routed = (routed_after.get(u, 0.0) - (routed_before or {}).get(u, 0.0)
