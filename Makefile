@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 VLITE := $(VENV)/bin/vlite
 STAMP := $(VENV)/.vlite-setup-done
 
-.PHONY: setup run test lint bench clean interop lm-eval-parity
+.PHONY: setup run test lint bench clean interop fleet lm-eval-parity
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ test: setup
 interop: setup
 	bash tests/interop/vllm.sh
 
+# Not in .ci/run: two vlite serve replicas behind vllm-router (its own venv, .venv-fleet) and Debian's
+# prometheus, then vlite leak-check --url ROUTER --replica ... (clean, aborts dropped, one leaking replica).
+# See docs/leak-check.md, "A fleet behind a router".
+fleet: setup
+	bash tests/interop/fleet.sh
+
 # Not in .ci/run (the lm-eval install alone takes minutes): lm-evaluation-harness's local-completions
 # against vlite serve vs its hf model on the same weights, in .venv-lmeval. See docs/serve.md.
 lm-eval-parity: setup
@@ -41,4 +47,4 @@ lint: setup
 	$(VENV)/bin/ruff check vlite tests benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-lmeval leak-report interop-report
+	rm -rf $(VENV) .venv-lmeval .venv-fleet leak-report interop-report fleet-report

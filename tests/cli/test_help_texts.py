@@ -83,8 +83,8 @@ def test_leak_check_help_groups_options_by_mode():
 
     text = _raw_help("leak-check")
     headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    panels = [lc.PANEL_WORKLOAD, lc.PANEL_INPROC, lc.PANEL_ENGINE, lc.PANEL_URL, lc.PANEL_WATCH, lc.PANEL_PROM,
-              lc.PANEL_LOG, lc.PANEL_REPORT]
+    panels = [lc.PANEL_WORKLOAD, lc.PANEL_INPROC, lc.PANEL_ENGINE, lc.PANEL_URL, lc.PANEL_FLEET, lc.PANEL_WATCH,
+              lc.PANEL_PROM, lc.PANEL_LOG, lc.PANEL_REPORT]
     assert headings == panels + ["Options"], headings
 
     def section(title: str) -> str:
@@ -98,6 +98,7 @@ def test_leak_check_help_groups_options_by_mode():
     assert "--duration" in section(lc.PANEL_WATCH) and "--job" in section(lc.PANEL_PROM)
     assert "--from-log" in section(lc.PANEL_LOG) and "--report" in section(lc.PANEL_REPORT)
     assert "--url" not in section(lc.PANEL_INPROC).split()
+    assert {"--replica", "--router-metrics"} <= set(section(lc.PANEL_FLEET).split())
 
 
 def test_leak_check_help_ends_with_verdicts_exit_codes_and_an_example_per_mode():

@@ -38,6 +38,7 @@ PANEL_URL = "A running server (--url; --blackbox for /metrics only)"
 PANEL_WATCH = "--watch: scrape a live server, send no request"
 PANEL_PROM = "--prometheus: judge a range Prometheus stored"
 PANEL_LOG = "--from-log: post-mortem of a server's stats log"
+PANEL_FLEET = "A fleet: --url ROUTER --replica URL ..."
 PANEL_REPORT = "Report and output"
 # Plain help (main.py): "\b" keeps click from re-wrapping a paragraph.
 EPILOG = """\b
@@ -62,14 +63,15 @@ Examples, one per mode:
   vlite leak-check --url http://127.0.0.1:8000 --num-requests 40 --abort-rate 0.4
   vlite leak-check --url http://127.0.0.1:8000 --blackbox   # /metrics only (vLLM, SGLang, ...)
   vlite leak-check --url http://127.0.0.1:8000 --watch --duration 600
+  vlite leak-check --url http://router:8100 --replica http://r1:8000 --replica http://r2:8000
   vlite leak-check --prometheus http://prom:9090 --job vllm --since 6h
   vlite leak-check --from-log server.log
   vlite leak-check --report leak-report             # + report.json, report.md, PNGs
 
 docs/leak-check.md has the whole story."""
 # leak-check's Typer command settings (main.py registers it with them)
-COMMAND_OPTIONS = {"cls": common.panelled((PANEL_WORKLOAD, PANEL_INPROC, PANEL_ENGINE, PANEL_URL, PANEL_WATCH,
-                                            PANEL_PROM, PANEL_LOG, PANEL_REPORT)), "epilog": EPILOG}
+COMMAND_OPTIONS = {"cls": common.panelled((PANEL_WORKLOAD, PANEL_INPROC, PANEL_ENGINE, PANEL_URL, PANEL_FLEET,
+                                            PANEL_WATCH, PANEL_PROM, PANEL_LOG, PANEL_REPORT)), "epilog": EPILOG}
 _SMALL_POOL = ("the all-paths workload (the default) instead sizes a deliberately small KV pool, a quarter of what a wave of "
                "requests asks for (25 blocks at --num-requests 60, 39 at 120, 71 at 200), so that preemption happens")
 
@@ -168,6 +170,16 @@ def leak_check(
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", rich_help_panel=PANEL_URL, min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
+    replica: list[str] = typer.Option(None, "--replica", rich_help_panel=PANEL_FLEET,
+                                      help="A replica behind the router given by --url (repeat per replica): "
+                                           "traffic goes through the router, each replica gets its own verdict "
+                                           "and every early leaver is reconciled hop by hop (docs/leak-check.md)."),
+    router_metrics: str | None = typer.Option(None, "--router-metrics", rich_help_panel=PANEL_FLEET,
+                                              help="With --replica: the router's own Prometheus page (vllm-router: "
+                                                   "its --prometheus-port), for its per-worker routed and in-flight counts."),
+    probes_per_replica: int = typer.Option(2, "--probes-per-replica", rich_help_panel=PANEL_FLEET, min=1,
+                                           help="With --replica: early-leaving clients each replica must serve "
+                                                "through the router, one at a time."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left.
 
@@ -195,6 +207,8 @@ def leak_check(
                     "only (not --url, --watch, --prometheus, --from-log or --scenario)")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
+    if replica or router_metrics:
+        _fleet_or_fail(url, replica, router_metrics, blackbox or watch or prometheus or from_log is not None or scenario)
     interval_s = sample_interval_ms / 1000.0
     t_start = time.time()
     if report is not None:
@@ -264,6 +278,18 @@ def leak_check(
     plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
                       seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
                       zombie_options=zombie_options, info=info, trace_allocations=trace_allocations)
+    if replica:
+        from vlite.cli.leak_check_fleet import run_fleet
+        from vlite.diagnostics.targets.fleet import FleetOptions
+
+        specs = _load_workload("synthetic", num_requests, _range(input_len, "--input-len"),
+                               _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
+                               count_tokens=None, in_process=False)
+        opts = FleetOptions(url, list(replica), router_metrics=router_metrics, api_key=api_key, specs=specs,
+                            max_concurrency=max_concurrency, probes_per_replica=probes_per_replica,
+                            max_tokens=zombie_max_tokens or 128, drain_timeout_s=drain_timeout,
+                            threshold_s=zombie_threshold_s, threshold_steps=zombie_threshold_steps)
+        sys.exit(run_fleet(opts, console, report))
     if url:
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:
@@ -284,6 +310,19 @@ def leak_check(
             engine_args.num_blocks = suggest_num_blocks(specs, every, engine_args.block_size)
         target = InProcessTarget(common.load_engine(common.create_engine_config(engine_args)))
     sys.exit(run_target(target, plan, console, report, t_start=t_start))
+
+
+def _fleet_or_fail(url, replica, router_metrics, other_mode) -> None:
+    """The fleet mode's option checks: --replica needs --url (the router), and no other mode."""
+    if not replica:
+        common.fail("--router-metrics applies to a fleet: add --replica URL (one per replica)")
+    if not url:
+        common.fail("--replica needs --url: the router in front of the replicas")
+    if other_mode:
+        common.fail("--replica runs the fleet check; it cannot be combined with --blackbox, --watch, --prometheus, "
+                    "--from-log or --scenario")
+    if url.rstrip("/") in [r.rstrip("/") for r in replica]:
+        common.fail(f"--url {url} is also a --replica: --url is the router in front of the replicas")
 
 
 def _check_writable(report: Path) -> None:
