@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vlite.engine import cuda_alloc_sites  # torch only on first use
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.census import (
     API_SERVER_MODULES,
@@ -154,6 +155,7 @@ __all__ = [
     "SchedulerConfig",
     "SequenceStatus",
     "check_engine_config",
+    "cuda_alloc_sites",
     "derive_max_model_len",
     "module_roots",
     "request_census",
