@@ -183,3 +183,30 @@ def test_in_process_run_without_cuda_reports_one_line_and_keeps_its_verdict(tiny
     assert run.findings.verdict == "CLEAN", run.findings.summary()
     assert [x for x in extra_lines(run.findings) if x.startswith("GPU allocation sites")] == [
         f"GPU allocation sites: not recorded: {cuda_alloc_sites.unavailable_reason()}"]
+
+
+def test_cli_refuses_the_option_where_no_allocator_can_be_read():
+    from typer.testing import CliRunner
+
+    from vlite.cli.main import app
+
+    for extra in (["--url", "http://127.0.0.1:1", "--blackbox"], ["--url", "http://127.0.0.1:1", "--watch"],
+                  ["--scenario", "all"]):
+        res = CliRunner().invoke(app, ["leak-check", "--trace-gpu-allocations", *extra], env={"COLUMNS": "200"})
+        assert res.exit_code == 2 and "--trace-gpu-allocations reads the CUDA allocator" in res.output, res.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
+def test_vlite_serve_debug_endpoints_answer_without_cuda_and_leak_check_url_says_so(vlite_serve):
+    from vlite.diagnostics.targets.http import run_http
+
+    url = vlite_serve("--enable-debug-endpoints")
+    start = httpx.post(f"{url}/debug/gpu_allocations/start", timeout=10).json()
+    assert start["recording"] is False and "no CUDA device" in start["unavailable"]
+    doc = httpx.get(f"{url}/debug/gpu_allocations", timeout=10).json()
+    assert doc["sites"] == {} and doc["pid"] > 0 and "no CUDA device" in doc["unavailable"]
+    specs = synthetic_workload(8, input_len=(8, 16), output_len=(4, 6), seed=2, prefix="gpu")
+    run = run_http(url, specs, max_concurrency=4, idle_every=4, sample_interval_s=0.05, trace_gpu_allocations=True)
+    assert not run.findings.leak, run.findings.summary()
+    assert run.findings.gpu_allocations["unavailable"].startswith("the server's engine: no CUDA device")
+    assert httpx.post(f"{url}/debug/gpu_allocations/stop", timeout=10).status_code == 200
