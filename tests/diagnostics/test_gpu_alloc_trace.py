@@ -26,8 +26,9 @@ from vlite.diagnostics.workload.sources import synthetic_workload
 from vlite.engine import cuda_alloc_sites
 
 TORCH_DIR = os.path.dirname(torch.__file__)
-CHECKER = os.path.normpath(os.path.join(os.path.dirname(cuda_alloc_sites.__file__), "..", "diagnostics", "targets", "inprocess.py"))
-RUNNER = os.path.join(os.path.dirname(cuda_alloc_sites.__file__), "worker", "model_runner.py")
+WORKER = os.path.dirname(cuda_alloc_sites.__file__)  # .../vlite/engine/worker
+CHECKER = os.path.normpath(os.path.join(WORKER, "..", "..", "diagnostics", "targets", "inprocess.py"))
+RUNNER = os.path.join(WORKER, "model_runner.py")
 
 
 def _frame(filename, line, name):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vlite.engine import cuda_alloc_sites  # torch only on first use
 from vlite.engine.arg_utils import EngineArgs
 from vlite.engine.census import (
     API_SERVER_MODULES,
@@ -47,6 +46,7 @@ from vlite.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vlite.engine.worker import cuda_alloc_sites
 from vlite.engine.worker.cpu_threads import apply_openmp_defaults, log_thread_report, thread_report
 from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 from vlite.lazy import lazy_getattr

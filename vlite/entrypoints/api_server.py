@@ -367,7 +367,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
         @app.get("/debug/gpu_allocations")
         async def debug_gpu_allocations() -> JSONResponse:
             """The engine process's live CUDA allocations by allocation site
-            (``vlite.engine.cuda_alloc_sites.document``: ``{"pid", "recording", "unavailable",
+            (``vlite.engine.worker.cuda_alloc_sites.document``: ``{"pid", "recording", "unavailable",
             "sites": {site: {"bytes", "count"}}}``), once recording was started; read by
             ``leak-check --url --trace-gpu-allocations`` at its idle points."""
             return JSONResponse(await state.engine.query("gpu_allocations"))

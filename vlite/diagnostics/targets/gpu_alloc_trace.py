@@ -2,7 +2,7 @@
 
 The GPU twin of ``alloc_trace.py`` (tracemalloc, host memory). NVML and torch's allocated and
 reserved counters show that device memory grows, not what holds it; PyTorch's caching allocator
-can record the Python stack of every live allocation (``vlite.engine.cuda_alloc_sites``). The
+can record the Python stack of every live allocation (``vlite.engine.worker.cuda_alloc_sites``). The
 tracer reads the live bytes per allocation site at each idle point, keeps the table of the first
 idle point after the first wave (past the engine's warm-up) and of the latest, and names every
 site whose live bytes grew between them, per request served.

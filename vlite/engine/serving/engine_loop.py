@@ -68,13 +68,13 @@ def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
 
 
 def _gpu_allocations(engine, loop: EngineLoop) -> dict:
-    from vlite.engine import cuda_alloc_sites
+    from vlite.engine.worker import cuda_alloc_sites
 
     return cuda_alloc_sites.document()
 
 
 def _gpu_allocations_start(engine, loop: EngineLoop) -> dict:
-    from vlite.engine import cuda_alloc_sites
+    from vlite.engine.worker import cuda_alloc_sites
 
     if not cuda_alloc_sites.is_recording():
         cuda_alloc_sites.start_recording()
@@ -82,7 +82,7 @@ def _gpu_allocations_start(engine, loop: EngineLoop) -> dict:
 
 
 def _gpu_allocations_stop(engine, loop: EngineLoop) -> dict:
-    from vlite.engine import cuda_alloc_sites
+    from vlite.engine.worker import cuda_alloc_sites
 
     cuda_alloc_sites.stop_recording()
     return {**cuda_alloc_sites.document(), "sites": {}}
