@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,8 @@ def main() -> int:
         return 1
     src.write_text(text.replace(m.old, m.new))
     planted_line = text[:text.index(m.old)].count("\n") + 5  # the `.append(...clone())` line of the patch
+    if args.device == "cpu":  # the copy would build its own C++ CPU kernels (minutes): the torch path instead
+        os.environ.update(VLITE_FUSED_OPS="torch", VLITE_CPU_LAYER_LOOP="python", VLITE_CPU_GEMM="torch")
     rep = work / "report"
     shutil.rmtree(rep, ignore_errors=True)
     code, out, secs = mutants.run_leak_check(tree, ["--model", args.model, "--device", args.device,

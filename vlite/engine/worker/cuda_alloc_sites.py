@@ -45,8 +45,7 @@ def unavailable_reason() -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return (f"no CUDA device in this process (torch {torch.__version__}): GPU allocation sites are recorded "
-                "only on CUDA")
+        return f"no CUDA device in this process (torch {torch.__version__})"
     return None
 
 
