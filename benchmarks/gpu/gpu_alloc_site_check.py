@@ -83,8 +83,9 @@ def main() -> int:
             print(f"  (not recorded: {g['unavailable']})")
         return 0 if ok else 1
     ok = bool(g.get("unavailable")) and "no CUDA device" in g["unavailable"]
-    print(f"{'PASS' if ok else 'FAIL'} (dry run on the CPU): GPU allocation sites: {g.get('unavailable')}; the host "
-          f"checks gave {report.get('verdict')} (exit {code})")
+    print(f"{'PASS' if ok else 'FAIL'} (dry run on the CPU): GPU allocation sites: {g.get('unavailable')}; verdict "
+          f"{report.get('verdict')} (exit {code}). This checks the no-CUDA line only: on the CPU the mutant is the "
+          f"host checks' to catch (mutants.py's default 60 requests: HOST-LEAK, docs/leak-check.md)")
     return 0 if ok else 1
 
 
