@@ -211,3 +211,52 @@ def test_vlite_serve_debug_endpoints_answer_without_cuda_and_leak_check_url_says
     assert not run.findings.leak, run.findings.summary()
     assert run.findings.gpu_allocations["unavailable"].startswith("the server's engine: no CUDA device")
     assert httpx.post(f"{url}/debug/gpu_allocations/stop", timeout=10).status_code == 200
+
+
+def test_vlite_serve_records_and_folds_the_engine_process_allocator_through_its_debug_endpoints(
+        tiny_checkpoint, monkeypatch):
+    # The engine loop runs in a thread of this process (create_app); torch's allocator is
+    # replaced by a stand-in whose live blocks grow by one per completion served, so the path
+    # POST start -> engine loop query -> GET (folded sites) -> POST stop runs on the CPU.
+    import asyncio
+
+    from vlite.entrypoints.api_server import create_app
+    from vlite.entrypoints.state import ServerSettings
+
+    served, calls = [], []
+    monkeypatch.setattr(cuda_alloc_sites, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"segments": [{"blocks": [
+        _block(1 << 20), *(_block(512, frames=KEPT) for _ in served)]}], "device_traces": []})
+    app = create_app(ServerSettings(enable_debug_endpoints=True), lambda: make_engine(tiny_checkpoint, num_blocks=32))
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 300
+                while (await http.get("/health")).status_code != 200:
+                    assert loop.time() < deadline, "the model did not load"
+                    await asyncio.sleep(0.05)
+                before = (await http.get("/debug/gpu_allocations")).json()
+                start = (await http.post("/debug/gpu_allocations/start")).json()
+                for i in range(3):
+                    r = await http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+                    assert r.status_code == 200, r.text
+                    served.append(i)
+                doc = (await http.get("/debug/gpu_allocations")).json()
+                stop = (await http.post("/debug/gpu_allocations/stop")).json()
+                return before, start, doc, stop
+
+    try:
+        before, start, doc, stop = asyncio.run(asyncio.wait_for(scenario(), 400))
+    finally:
+        cuda_alloc_sites.stop_recording()
+    assert not before["recording"] and before["sites"] == {} and "POST /debug/gpu_allocations/start" in before[
+        "unavailable"]
+    assert start["recording"] and start["unavailable"] is None
+    assert calls[0] == (("all",), {"context": "alloc", "stacks": "python",
+                                   "max_entries": cuda_alloc_sites.DEFAULT_MAX_ENTRIES})
+    kept = next(s for s in doc["sites"] if s.startswith("vlite/engine/worker/model_runner.py:412 in compute_logits"))
+    assert doc["sites"][kept] == {"bytes": 3 * 512, "count": 3} and doc["recording"]
+    assert not stop["recording"] and calls[-1] == ((None,), {})
