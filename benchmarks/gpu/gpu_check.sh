@@ -33,6 +33,8 @@
 #   3 random-weight checkpoints built with transformers: SmolLM2 shape float32, Llama-3.2-1B shape bf16
 #   4 teacher-forced greedy parity vs transformers: float32 eager and CUDA graphs, bf16 CUDA graphs
 #   5 vlite leak-check: clean, and with the planted fault skip-free-on-abort (must be found); NVML samples
+#   5b leak-check --trace-gpu-allocations on the mutant tensor-kept-per-request-on-device: the CUDA
+#     allocation site of the planted line must be named (benchmarks/gpu/gpu_alloc_site_check.py)
 #   6 vlite serve + vlite leak-check --url --blackbox
 #   7 vlite bench throughput --backend hf (static batch) on the 1B shape, 256 x (256 in, 256 out), and
 #     benchmarks/gpu/roofline.py --measure: the roofline fraction (target >= 30%) and the ratio (>= 3x)
@@ -180,6 +182,11 @@ else:
     print(f"NVML samples: none ({len(df)} sample rows without {col})")
 sys.exit(0 if have or sys.argv[2] == "dry" else 1)
 EOF
+
+step "5b leak-check --trace-gpu-allocations names a tensor kept per request on the device (issue 42)"
+# on the CPU (--dry-run) it checks that the option says in one line it records nothing there
+run gpu-alloc-site 150 "$PY" benchmarks/gpu/gpu_alloc_site_check.py --model "$F32" --device $DEVICE \
+    --num-requests $((NREQ / 2)) --workdir "$WORK/gpu-site" --json "$RES/gpu-alloc-site.json"
 
 step "6 vlite serve + black-box leak check"
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")

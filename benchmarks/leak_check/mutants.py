@@ -181,6 +181,16 @@ MUTANTS = [
            "            if reason is FinishReason.ABORT and seq.in_prefill and seq.sampling_params.n > 1:\n"
            "                self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
            "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
+    # Issue 42, item 5: device memory held per request, which only the allocator's history names
+    # (`leak-check --trace-gpu-allocations` on CUDA: benchmarks/gpu/gpu_alloc_site_check.py)
+    Mutant("tensor-kept-per-request-on-device", "device memory (GPU allocation site)",
+           "the model runner keeps a copy of every new prefill's hidden states on the device, in a list nobody empties",
+           "engine/worker/model_runner.py",
+           "        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked\n",
+           "        end = 0\n        for q, s in zip(step.query_lens, step.seq_lens):\n            end += q\n"
+           "            if q == s:  # a prefill from the prompt's first token\n"
+           "                self.__dict__.setdefault(\"prefill_states\", []).append(hidden[end - q:end].clone())\n"
+           "        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked\n"),
 ]
 
 

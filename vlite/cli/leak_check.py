@@ -167,6 +167,12 @@ def leak_check(
                                            help="In process: trace Python allocations over the replay (tracemalloc) "
                                                 "and name the sites that kept growing between the idle points "
                                                 "(HOST-LEAK attribution; the replay takes about 10% longer)."),
+    trace_gpu_allocations: bool = typer.Option(False, "--trace-gpu-allocations", rich_help_panel=PANEL_INPROC,
+                                               help="On CUDA: record the allocator's history with Python stacks and "
+                                                    "name the allocation sites whose live GPU bytes grew between "
+                                                    "the idle points, per request (in process; with --url, a vlite "
+                                                    "serve started with --enable-debug-endpoints). Without CUDA the "
+                                                    "report says so and the run goes on."),
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", rich_help_panel=PANEL_URL, min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
@@ -205,6 +211,10 @@ def leak_check(
     if trace_allocations and (url or watch or prometheus or from_log is not None or scenario):
         common.fail("--trace-allocations traces this process's allocations: it applies to the in-process replay "
                     "only (not --url, --watch, --prometheus, --from-log or --scenario)")
+    if trace_gpu_allocations and (watch or prometheus or from_log is not None or scenario or blackbox or api_key):
+        common.fail("--trace-gpu-allocations reads the CUDA allocator of this process or of a vlite serve's engine "
+                    "(--url to it, with --enable-debug-endpoints): not --watch, --prometheus, --from-log, --scenario, "
+                    "--blackbox or --api-key")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     if replica or router_metrics:
@@ -277,7 +287,8 @@ def leak_check(
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
                       seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
-                      zombie_options=zombie_options, info=info, trace_allocations=trace_allocations)
+                      zombie_options=zombie_options, info=info, trace_allocations=trace_allocations,
+                      trace_gpu_allocations=trace_gpu_allocations)
     if replica:
         from vlite.cli.leak_check_fleet import run_fleet
         from vlite.diagnostics.targets.fleet import FleetOptions
@@ -293,6 +304,9 @@ def leak_check(
     if url:
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:
+            if trace_gpu_allocations:
+                common.fail(f"--trace-gpu-allocations needs a vlite serve (its /debug/gpu_allocations); {url} looks "
+                            f"like {conn.adapter.kind}")
             from vlite.diagnostics.targets.blackbox import BlackboxTarget
 
             target = BlackboxTarget(conn, url=url, drain_timeout_s=drain_timeout, bisect_budget_s=bisect_budget,

@@ -51,8 +51,10 @@ def serve(
     log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.1,
                                              help="Seconds between --log-stats lines."),
     enable_debug_endpoints: bool = typer.Option(False, "--enable-debug-endpoints",
-                                                help="Serve GET /debug/blocks (block manager state) and GET "
-                                                     "/debug/census (request-id censuses)."),
+                                                help="Serve GET /debug/blocks (block manager state), GET "
+                                                     "/debug/census (request-id censuses) and /debug/gpu_allocations "
+                                                     "(live CUDA allocations by Python stack, once POST "
+                                                     "/debug/gpu_allocations/start began recording)."),
     max_request_body_bytes: int = typer.Option(DEFAULT_MAX_REQUEST_BODY_BYTES, "--max-request-body-bytes", min=1,
                                                help="Larger request bodies get 413."),
     max_n: int = typer.Option(DEFAULT_MAX_N, "--max-n", min=1,

@@ -46,6 +46,7 @@ from vlite.engine.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vlite.engine.worker import cuda_alloc_sites
 from vlite.engine.worker.cpu_threads import apply_openmp_defaults, log_thread_report, thread_report
 from vlite.engine.worker.loader import DEFAULT_MODEL_ALIASES, ModelNotFoundError, load_checkpoint, resolve_model
 from vlite.lazy import lazy_getattr
@@ -154,6 +155,7 @@ __all__ = [
     "SchedulerConfig",
     "SequenceStatus",
     "check_engine_config",
+    "cuda_alloc_sites",
     "derive_max_model_len",
     "module_roots",
     "request_census",

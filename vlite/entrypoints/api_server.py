@@ -364,4 +364,24 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
             engine_doc = await state.engine.query("census")
             return JSONResponse({"engine": engine_doc, "api_server": state.census.document()})
 
+        @app.get("/debug/gpu_allocations")
+        async def debug_gpu_allocations() -> JSONResponse:
+            """The engine process's live CUDA allocations by allocation site
+            (``vlite.engine.worker.cuda_alloc_sites.document``: ``{"pid", "recording", "unavailable",
+            "sites": {site: {"bytes", "count"}}}``), once recording was started; read by
+            ``leak-check --url --trace-gpu-allocations`` at its idle points."""
+            return JSONResponse(await state.engine.query("gpu_allocations"))
+
+        @app.post("/debug/gpu_allocations/start")
+        async def debug_gpu_allocations_start() -> JSONResponse:
+            """Start recording the engine process's CUDA allocations with their Python stacks
+            (``torch.cuda.memory._record_memory_history``, bounded); without CUDA,
+            ``recording`` is false and ``unavailable`` says why."""
+            return JSONResponse(await state.engine.query("gpu_allocations_start"))
+
+        @app.post("/debug/gpu_allocations/stop")
+        async def debug_gpu_allocations_stop() -> JSONResponse:
+            """Stop the recording ``/debug/gpu_allocations/start`` began."""
+            return JSONResponse(await state.engine.query("gpu_allocations_stop"))
+
     return app

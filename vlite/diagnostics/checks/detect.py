@@ -96,6 +96,8 @@ class Findings:
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
     # Issue 42: /metrics families whose series count grows with requests served (cardinality.py)
     cardinality: dict | None = None
+    # Issue 42: CUDA allocation sites whose live bytes grew (targets/gpu_alloc_trace.py); names, never judges
+    gpu_allocations: dict | None = None
 
     @property
     def host_leak(self) -> bool:

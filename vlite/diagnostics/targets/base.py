@@ -78,6 +78,8 @@ class TargetPlan:
             a report directory stays current while the run goes on.
         trace_allocations: the in-process target traces Python allocations over the replay
             (``alloc_trace.py``).
+        trace_gpu_allocations: the in-process and vlite-serve targets name the CUDA allocation
+            sites that grew over the replay (``gpu_alloc_trace.py``).
         on_progress: called as ``on_progress(phase, done, total)`` during a phase before the
             replay ("calibration": greedy runs of ``workload/calibrate.py``), at its start (0)
             and after each step of it; the last call has ``done == total`` unless a Ctrl-C cut
@@ -97,6 +99,7 @@ class TargetPlan:
     on_line: Callable[[str], None] = _silent
     on_report: Callable[[TargetRun], None] | None = None
     trace_allocations: bool = False
+    trace_gpu_allocations: bool = False
     on_progress: Callable[[str, int, int], None] | None = None
 
     def wave_size(self) -> int:

@@ -17,6 +17,7 @@ from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
+from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
 from vlite.diagnostics.targets.process import listening_pid
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
@@ -226,11 +227,14 @@ def _mark_interrupted(out: ReplayResult) -> None:
 
 def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
              sample_interval_s: float = 0.1, info: dict | None = None, zombie_options: dict | None = None,
-             stop=None, on_progress=None) -> RunResult:
+             stop=None, on_progress=None, trace_gpu_allocations: bool = False) -> RunResult:
     """Replay ``specs`` against ``url`` (a running ``vlite serve``), then detect leaks at quiescence.
     ``stop`` (a ``threading.Event`` set by a first Ctrl-C): end the calibration or the replay,
     send no more, drain a few seconds, and report what was measured (verdict INTERRUPTED).
     ``on_progress("calibration", done, total)``: the calibration's progress (``TargetPlan``).
+    ``trace_gpu_allocations``: have the server's engine record its CUDA allocator
+    (``/debug/gpu_allocations``, ``vlite serve --enable-debug-endpoints``) and name the sites
+    whose live bytes grew between idle points (``findings.gpu_allocations``).
 
     Raises:
         TargetError: the server is unreachable or has no vlite block metrics.
@@ -255,17 +259,25 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
     sampler = Sampler(source, memory, sample_interval_s).start()
     series: list[FamilyCounts] = []  # per idle point: series per /metrics family (cardinality.py)
+    gpu_tracer = GpuAllocationTrace(HttpRecorder(base, sync)) if trace_gpu_allocations else None
+    if gpu_tracer is not None:
+        gpu_tracer.start()
 
     def probe() -> tuple[int, int | None]:
         row = source()
         series.append(series_counts(sync.get(f"{base}/metrics").text))
+        if gpu_tracer is not None:
+            gpu_tracer.idle_point()
         return row["num_used_blocks"], memory.read().get("rss_bytes")
 
     t0 = time.time()
+    replay: ReplayResult | None = None
     try:
         replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop))
     finally:
         sampler.stop()
+        completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []
+        gpu_growth = gpu_tracer.stop(completed) if gpu_tracer is not None else None
     sampler.sample()
     debug = sync.get(f"{base}/debug/blocks")
     final_metrics = census_current_metrics(sync, base)
@@ -288,6 +300,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     findings.interrupted = replay.interrupted
     findings.census = census_from_metrics(final_metrics)
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
+    findings.gpu_allocations = gpu_growth
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:
@@ -320,5 +333,6 @@ class HttpTarget:
         Raises:
             TargetError: the server is unreachable or has no vlite block metrics.
         """
-        run = run_http(self.url, plan.specs, stop=stop, **plan.replay_options())
+        run = run_http(self.url, plan.specs, stop=stop, trace_gpu_allocations=plan.trace_gpu_allocations,
+                       **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)

@@ -27,6 +27,7 @@ from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_ch
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
+from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, TorchRecorder
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
 from vlite.diagnostics.workload.sources import RequestSpec
@@ -274,12 +275,17 @@ class InProcessClient:
 def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concurrency: int = 32, idle_every: int = 0,
                    sample_interval_s: float = 0.1, info: dict | None = None,
                    zombie_options: dict | None = None, stop: threading.Event | None = None,
-                   trace_allocations: bool = False, on_progress=None) -> RunResult:
+                   trace_allocations: bool = False, trace_gpu_allocations: bool = False,
+                   gpu_snapshot: Callable[[], dict] | None = None, on_progress=None) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
 
     ``trace_allocations``: run ``tracemalloc`` over the replay and add the Python allocation
     sites that grew from the second idle point to the last to the host-memory findings
-    (``alloc_trace.py``; it slows the replay).
+    (``alloc_trace.py``; it slows the replay). ``trace_gpu_allocations``: record this process's
+    CUDA allocator with Python stacks and name the allocation sites whose live bytes grew between
+    the same idle points (``findings.gpu_allocations``, ``gpu_alloc_trace.py``); without CUDA it
+    says so in one line and the run goes on. ``gpu_snapshot``: a stand-in for
+    ``torch.cuda.memory._snapshot`` (tests on the CPU).
 
     The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
@@ -304,6 +310,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     pids = [os.getpid(), *facts.worker_pids]
 
     tracer = AllocationTrace() if trace_allocations else None
+    gpu_tracer = GpuAllocationTrace(TorchRecorder(gpu_snapshot)) if trace_gpu_allocations else None
     # the /metrics page `vlite serve` would show for this engine, fed with every output: its
     # series per family at each idle point (cardinality.py)
     metrics = ServerMetrics(facts.model_name, view.stats)
@@ -314,6 +321,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         series.append(series_counts(generate_latest(metrics.registry).decode()))
         if tracer is not None:
             tracer.idle_point()
+        if gpu_tracer is not None:
+            gpu_tracer.idle_point()
         host = {"anon_swap_bytes": anon_swap_bytes(pids),
                 "containers": dict(view.request_census(()).container_sizes)}
         return view.stats().num_used_blocks, memory.read().get("rss_bytes"), host
@@ -322,6 +331,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     replay: ReplayResult | None = None
     if tracer is not None:
         tracer.start()
+    if gpu_tracer is not None:
+        gpu_tracer.start()
     try:
         replay = InProcessClient(engine, probe, view=view, on_output=metrics.observe).replay(
             specs, max_concurrency, idle_every, stop=stop)
@@ -329,6 +340,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         sampler.stop()
         completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []
         growth = tracer.stop(completed) if tracer is not None else None
+        gpu_growth = gpu_tracer.stop(completed) if gpu_tracer is not None else None
     sampler.sample()  # the drained state, after the last step
     snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
@@ -338,6 +350,10 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if growth is not None:
         findings.host_memory["allocation_sites"] = growth
+    if gpu_growth is not None:
+        if facts.worker_pids and not gpu_growth["unavailable"]:
+            gpu_growth["scope"] = "this process only: the tensor-parallel workers' allocations are not recorded"
+        findings.gpu_allocations = gpu_growth
     findings.notes.extend(replay.notes)
     findings.interrupted = replay.interrupted
     if memory.note:
@@ -389,5 +405,5 @@ class InProcessTarget:
                      f"{self.view.stats().num_total_blocks} KV blocks, abort rate {plan.abort_rate} "
                      f"({plan.abort_mode}); Ctrl-C stops early and still writes the report")
         run = run_in_process(self.engine, plan.specs, stop=stop, trace_allocations=plan.trace_allocations,
-                             **plan.replay_options())
+                             trace_gpu_allocations=plan.trace_gpu_allocations, **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)

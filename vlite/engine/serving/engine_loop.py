@@ -67,10 +67,35 @@ def _live_request_ids(engine, loop: EngineLoop) -> list[str]:
     return engine.live_state()["live_request_ids"]
 
 
-# Read-only queries a client may ask by name: fn(engine, loop) -> a picklable value.
+def _gpu_allocations(engine, loop: EngineLoop) -> dict:
+    from vlite.engine.worker import cuda_alloc_sites
+
+    return cuda_alloc_sites.document()
+
+
+def _gpu_allocations_start(engine, loop: EngineLoop) -> dict:
+    from vlite.engine.worker import cuda_alloc_sites
+
+    if not cuda_alloc_sites.is_recording():
+        cuda_alloc_sites.start_recording()
+    return {**cuda_alloc_sites.document(), "sites": {}}
+
+
+def _gpu_allocations_stop(engine, loop: EngineLoop) -> dict:
+    from vlite.engine.worker import cuda_alloc_sites
+
+    cuda_alloc_sites.stop_recording()
+    return {**cuda_alloc_sites.document(), "sites": {}}
+
+
+# Read-only queries a client may ask by name: fn(engine, loop) -> a picklable value. The
+# gpu_allocations_start/stop pair switches the CUDA allocator's history of this process on and
+# off (vLLM's /start_profile and /stop_profile do the same for its profiler); the engine's own
+# state is read, never changed.
 QUERIES: dict[str, Callable[[Any, EngineLoop], Any]] = {
     "blocks_snapshot": blocks_document, "stats": _stats, "live_request_ids": _live_request_ids,
-    "census": _census}
+    "census": _census, "gpu_allocations": _gpu_allocations, "gpu_allocations_start": _gpu_allocations_start,
+    "gpu_allocations_stop": _gpu_allocations_stop}
 
 
 @dataclass
