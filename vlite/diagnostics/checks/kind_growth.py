@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-KINDS = ("plain", "n>1", "beam", "structured", "logprobs", "aborted")
+from vlite.diagnostics.workload.kind_waves import KINDS
+
 # A kind's growth is a leak when its 95% CI lies above this (bytes per request of that kind): the
 # plateau test's threshold (host_memory.ANON_SLOPE_BYTES).
 KIND_SLOPE_BYTES = 64 * 1024
