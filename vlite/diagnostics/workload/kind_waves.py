@@ -36,7 +36,7 @@ def kind_wave_size(num_requests: int) -> int:
 
 def kind_waves_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                         output_len: tuple[int, int] = (8, 32), seed: int = 0, prefix: str = "kw") -> list[RequestSpec]:
-    """About ``num_requests`` requests (rounded to whole rounds, at least ``MIN_ROUNDS``), in waves
+    """About ``num_requests`` requests (rounded down to whole rounds, at least ``MIN_ROUNDS``), in waves
     of ``kind_wave_size(num_requests)`` requests of one kind each; every request arrives at 0 s
     (the waves are made by the idle points, in list order).
 
@@ -44,7 +44,7 @@ def kind_waves_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 
         WorkloadError: a bad count or length range (``seeded_arrivals``).
     """
     wave = kind_wave_size(num_requests)
-    rounds = max(MIN_ROUNDS, -(-num_requests // (wave * len(KINDS))))
+    rounds = max(MIN_ROUNDS, num_requests // (wave * len(KINDS)))
     total = rounds * wave * len(KINDS)
     rng, _ = seeded_arrivals(total, input_len, output_len, float("inf"), seed)
     specs: list[RequestSpec] = []
