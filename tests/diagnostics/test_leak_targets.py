@@ -312,3 +312,28 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
     wait_ready("http://127.0.0.1:1", client(503, 503, 200), timeout_s=30)  # returns once ready
     with pytest.raises(TargetError, match="is not ready: HTTP 503"):
         wait_ready("http://127.0.0.1:1", client(*[503] * 100), timeout_s=0.5)
+
+
+def test_process_roles_name_the_api_server_engine_core_and_ranks():
+    """Issue 42 item 5 over --url: each process of a server's tree by its role (sleeping stand-ins:
+    an API server whose engine core spawned two workers)."""
+    import psutil
+
+    from vlite.diagnostics.targets.process import process_roles
+
+    grandchild = "import time; time.sleep(60)"
+    core = (f"import subprocess,sys,time; ws=[subprocess.Popen([sys.executable,'-c',{grandchild!r}]) for _ in range(2)]; "
+            "print(' '.join(str(w.pid) for w in ws), flush=True); time.sleep(60)")
+    api = (f"import subprocess,sys,time; c=subprocess.Popen([sys.executable,'-c',{core!r}], stdout=subprocess.PIPE, "
+           "text=True); print(c.pid, c.stdout.readline().strip(), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", api], stdout=subprocess.PIPE, text=True)
+    try:
+        core_pid, *workers = map(int, parent.stdout.readline().split())
+        assert process_roles(parent.pid) == {"api_server": parent.pid, "engine_core": core_pid,
+                                             "tp_rank0": min(workers), "tp_rank1": max(workers)}
+        assert process_roles(None) == {}
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait(timeout=10)
