@@ -191,15 +191,20 @@ MUTANTS = [
            "        for rows in step.prompt_logprobs:\n"
            "            self.__dict__.setdefault(\"prompt_progress\", {})[rows.seq_id] = rows.first + len(rows.targets)\n"
            "        logits, prompt_logprobs = self.runner.execute_model(step)\n", args=("-tp", "2")),
+    # (mmap, as a native host buffer such as pinned memory is allocated: a malloc'd one would first
+    # reuse the heap pages that the logprobs path's large logits tensors freed, and show only later)
     Mutant("native-buffer-per-logprobs-request", "host memory per request kind (native)",
-           "a 1 MiB malloc'd scratch buffer per finished logprobs sequence, never freed (no Python object holds it)",
+           "a 1 MiB native (mmap'd) buffer per finished logprobs sequence, never unmapped (no Python object holds it)",
            "engine/output_processor.py", "        finished = seq.is_finished\n",
            "        finished = seq.is_finished\n"
            "        if finished and seq.sampling_params.logprobs is not None:\n"
            "            import ctypes\n"
            "            libc = ctypes.CDLL(None)\n"
-           "            libc.malloc.restype = ctypes.c_void_p\n"
-           "            ctypes.memset(libc.malloc(1 << 20), 1, 1 << 20)\n", args=("--workload", "kind-waves")),
+           "            libc.mmap.restype = ctypes.c_void_p\n"
+           "            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,"
+           " ctypes.c_long]\n"
+           "            ctypes.memset(libc.mmap(None, 1 << 20, 3, 0x22, -1, 0), 1, 1 << 20)\n",
+           args=("--workload", "kind-waves")),
 ]
 
 

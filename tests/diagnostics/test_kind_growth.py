@@ -132,3 +132,17 @@ def test_in_process_run_reads_every_process_and_fits_per_kind(tiny_checkpoint):
     fit = run.findings.host_memory["kind_growth"]["processes"]["engine"]
     assert fit["status"] == "fitted" and set(fit["kinds"]) == set(KINDS)
     assert not run.findings.leak, run.findings.summary()
+
+
+def test_a_one_off_jump_is_uneven_not_a_leak():
+    # the allocator's high-water mark: one logprobs wave grows 13 MiB (a longer prompt's logits), the others not
+    served, memory = _waves(4, 3, {}, noise=30e3)
+    jump_at = 2 * len(KINDS) + KINDS.index("logprobs") + 1  # its third wave (the second one fitted)
+    memory = [m + (13 * MIB if i >= jump_at else 0) for i, m in enumerate(memory)]
+    fit = kind_fit(served, memory)
+    lp = fit["kinds"]["logprobs"]
+    assert lp["ci95"][0] > KIND_SLOPE_BYTES  # the CI alone would call it a leak
+    assert lp["verdict"] == "uneven" and lp["intervals_alone"] == 3 and lp["intervals_below"] == 2
+    assert host_memory_check([IdlePoint(float(i), sum(s.values()), 0, None, {"anon_swap_bytes": m, "containers": {},
+                                                                             "processes": {"engine": m}})
+                              for i, (s, m) in enumerate(zip(served, memory))], served)["kind_growth"]["growing"] == []

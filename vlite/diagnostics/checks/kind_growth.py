@@ -29,8 +29,14 @@ where ``served_{k,i}`` counts the requests of kind ``k`` that ended in that inte
   the residuals' pooled variance (assumed equal across kinds) with ``intervals - kinds``
   degrees of freedom.
 
-A kind *grows* in a process when its 95% CI lies above ``KIND_SLOPE_BYTES`` per request: a
-HOST-LEAK named by the process and the kind. A CI that straddles it is *inconclusive*.
+A kind *grows* in a process when its 95% CI lies above ``KIND_SLOPE_BYTES`` per request **and**
+the process grew by at least that much per request in every fitted interval that served that
+kind alone: a HOST-LEAK named by the process and the kind. A leak takes its bytes with every
+request; the allocator's high-water marks do not (a logprobs request with a longer prompt than any
+before makes glibc's heap grow once by its prompt_len x vocab float32 logits, 12 MiB for 64
+tokens of a 49,152-token vocabulary, and never again for shorter ones), so a CI above the
+threshold carried by one or two such jumps is *uneven*, not a leak. A CI that straddles the
+threshold is *inconclusive*.
 """
 
 from __future__ import annotations
@@ -84,8 +90,10 @@ def kind_fit(served: list[Mapping[str, int]], memory: list[float | None]) -> dic
 
     Returns ``status``: "fitted" | "not identifiable" | "too few intervals"; ``intervals``:
     intervals fitted (after the warm-up ones); ``kinds``: {kind: {requests (in the fitted
-    intervals), bytes_per_request, ci95 (low, high), verdict ("grows" | "inconclusive" |
-    "below threshold")}}; ``dof``: degrees of freedom of the residuals.
+    intervals), bytes_per_request, ci95 (low, high), verdict ("grows" | "uneven" |
+    "inconclusive" | "below threshold"), intervals_alone (fitted intervals that served this kind
+    only), intervals_below (of those, how many grew less than the threshold per request)}};
+    ``dof``: degrees of freedom of the residuals.
     """
     import numpy as np
     from scipy import stats
@@ -120,10 +128,14 @@ def kind_fit(served: list[Mapping[str, int]], memory: list[float | None]) -> dic
     for j, k in enumerate(kinds):
         half = t * math.sqrt(max(0.0, sigma2 * xtx_inv[j, j]))
         low, high = float(beta[j] - half), float(beta[j] + half)
-        verdict = "grows" if low > KIND_SLOPE_BYTES else "inconclusive" if high >= KIND_SLOPE_BYTES else \
-            "below threshold"
+        alone = [(g, d[k]) for d, g in rows if d.get(k, 0) and not any(d.get(o, 0) for o in kinds if o != k)]
+        steady = all(g >= KIND_SLOPE_BYTES * c for g, c in alone)
+        verdict = ("grows" if steady else "uneven") if low > KIND_SLOPE_BYTES else \
+            "inconclusive" if high >= KIND_SLOPE_BYTES else "below threshold"
         out["kinds"][k] = {"requests": int(x[:, j].sum()), "bytes_per_request": float(beta[j]),
-                           "ci95": (low, high), "verdict": verdict}
+                           "ci95": (low, high), "verdict": verdict,
+                           "intervals_alone": len(alone), "intervals_below": sum(g < KIND_SLOPE_BYTES * c
+                                                                                for g, c in alone)}
     out["status"], out["dof"] = "fitted", dof
     return out
 
@@ -155,7 +167,10 @@ def lines(result: dict | None) -> list[str]:
                        f"warm-up; {why}; `--workload kind-waves` serves one kind per wave)")
             continue
         parts = [f"{k} {v['bytes_per_request'] / 1024:+.1f} KiB/request (95% CI {v['ci95'][0] / 1024:.1f} .. "
-                 f"{v['ci95'][1] / 1024:.1f}, {v['requests']} requests)" for k, v in fit["kinds"].items()]
+                 f"{v['ci95'][1] / 1024:.1f}, {v['requests']} requests"
+                 + (f"; uneven: below the threshold in {v['intervals_below']} of its {v['intervals_alone']} waves, "
+                    "allocator high-water marks rather than a leak" if v["verdict"] == "uneven" else "") + ")"
+                 for k, v in fit["kinds"].items()]
         out.append(f"growth per request kind ({name}, RssAnon + VmSwap, {fit['intervals']} intervals past warm-up): "
                    + "; ".join(parts))
     for g in result["growing"]:
