@@ -36,17 +36,17 @@ def _waves(rounds: int, wave: int, per_kind: dict[str, float], noise: float = 20
 
 
 def test_a_leak_in_one_kind_is_attributed_to_that_kind_only():
-    served, memory = _waves(3, 3, {"logprobs": MIB}, first_cost=8 * MIB)
+    served, memory = _waves(4, 3, {"logprobs": MIB}, first_cost=8 * MIB)
     fit = kind_fit(served, memory)
     assert fit["status"] == "fitted" and fit["intervals"] == 12 and fit["dof"] == 6
     lp = fit["kinds"]["logprobs"]
     assert lp["verdict"] == "grows" and lp["ci95"][0] < MIB < lp["ci95"][1] and lp["requests"] == 6
-    # every kind's 8 MiB first wave is warm-up: left out, so no other kind is blamed
+    # every kind's 8 MiB first wave (and its second) is warm-up: left out, so no other kind is blamed
     assert {k for k, v in fit["kinds"].items() if v["verdict"] == "grows"} == {"logprobs"}
 
 
 def test_a_clean_process_grows_with_no_kind():
-    served, memory = _waves(3, 3, {}, first_cost=4 * MIB)
+    served, memory = _waves(4, 3, {}, first_cost=4 * MIB)
     fit = kind_fit(served, memory)
     assert fit["status"] == "fitted"
     assert all(v["verdict"] != "grows" for v in fit["kinds"].values())
@@ -83,9 +83,10 @@ def test_request_kind_precedence():
 def test_kind_waves_are_one_kind_each_in_rounds():
     specs = kind_waves_workload(60, input_len=(4, 8), output_len=(4, 8))
     wave = kind_wave_size(60)
-    assert wave == 3 and len(specs) == 3 * len(KINDS) * wave
+    assert wave == 2 and len(specs) == 5 * len(KINDS) * wave == 60
     waves = [specs[i:i + wave] for i in range(0, len(specs), wave)]
-    assert [request_kind(w[0]) for w in waves] == list(KINDS) * 3
+    assert [request_kind(w[0]) for w in waves] == list(KINDS) * 5
+    assert {(s.prompt_len, s.max_tokens) for s in specs if request_kind(s) == "logprobs"} == {(8, 8)}
     assert all(len({request_kind(s) for s in w}) == 1 for w in waves)
 
 
@@ -110,7 +111,7 @@ def test_a_worker_that_keeps_growing_is_named_by_its_rank():
 
 
 def test_host_memory_check_names_the_kind_and_process():
-    served, memory = _waves(3, 3, {"logprobs": MIB})
+    served, memory = _waves(4, 3, {"logprobs": MIB})
     points = [IdlePoint(float(i), sum(s.values()), 0, None, {"anon_swap_bytes": m, "containers": {},
                                                             "processes": {"engine": m}})
               for i, (s, m) in enumerate(zip(served, memory))]
@@ -126,6 +127,7 @@ def test_in_process_run_reads_every_process_and_fits_per_kind(tiny_checkpoint):
     from vlite.diagnostics.targets.inprocess import run_in_process
 
     specs = kind_waves_workload(24, input_len=(4, 10), output_len=(4, 6))
+    assert len(specs) == 48  # 4 rounds of 6 one-kind waves of 2
     run = run_in_process(engine, specs, max_concurrency=8, idle_every=kind_wave_size(24), sample_interval_s=0.1)
     assert run.info["processes"] == {"engine": __import__("os").getpid()}
     assert all(set(p.host["processes"]) == {"engine"} for p in run.replay.idle_points)
@@ -136,8 +138,8 @@ def test_in_process_run_reads_every_process_and_fits_per_kind(tiny_checkpoint):
 
 def test_a_one_off_jump_is_uneven_not_a_leak():
     # the allocator's high-water mark: one logprobs wave grows 13 MiB (a longer prompt's logits), the others not
-    served, memory = _waves(4, 3, {}, noise=30e3)
-    jump_at = 2 * len(KINDS) + KINDS.index("logprobs") + 1  # its third wave (the second one fitted)
+    served, memory = _waves(5, 3, {}, noise=30e3)
+    jump_at = 3 * len(KINDS) + KINDS.index("logprobs") + 1  # its fourth wave (the second one fitted)
     memory = [m + (13 * MIB if i >= jump_at else 0) for i, m in enumerate(memory)]
     fit = kind_fit(served, memory)
     lp = fit["kinds"]["logprobs"]

@@ -26,7 +26,7 @@ from vlite.diagnostics.workload.all_paths import STRUCTURED_FORMS
 from vlite.diagnostics.workload.sources import RequestSpec, seeded_arrivals, synthetic_prompt
 
 KINDS = ("plain", "n>1", "beam", "structured", "logprobs", "aborted")
-MIN_ROUNDS = 3  # one of warm-up, and two per kind for a slope with a confidence interval
+MIN_ROUNDS = 4  # two of warm-up (kind_growth.WARMUP_INTERVALS), two or more per kind for a slope and its CI
 
 
 def kind_wave_size(num_requests: int) -> int:
@@ -52,7 +52,9 @@ def kind_waves_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 
         for kind in KINDS:
             for _ in range(wave):
                 i = len(specs)
-                n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
+                # the longest lengths, every time: each kind meets its allocator high-water marks (a
+                # logprobs prompt's prompt_len x vocab logits) in its warm-up waves, not at random later
+                n_in, n_out = input_len[1], output_len[1]
                 specs.append(_make(kind, f"{prefix}-{i:05d}", synthetic_prompt(rng, n_in), n_in, n_out, i))
     return specs
 
