@@ -163,12 +163,15 @@ def lines(result: dict | None) -> list[str]:
     if not result or not result.get("processes"):
         return []
     out = []
+    unfitted = {name: fit for name, fit in result["processes"].items() if fit["status"] != "fitted"}
+    if unfitted:  # one line for them all: the workload's design, the same for every process
+        fit = next(iter(unfitted.values()))
+        why = ("its kinds came together, or too few intervals for them" if fit["status"] == "not identifiable"
+               else f"no interval past every kind's first {WARMUP_INTERVALS} (warm-up)")
+        out.append(f"growth per request kind ({', '.join(unfitted)}): {fit['status']} ({fit['intervals']} intervals "
+                   f"past warm-up; {why}; `--workload kind-waves` serves one kind per wave)")
     for name, fit in result["processes"].items():
         if fit["status"] != "fitted":
-            why = ("its kinds always came together or the intervals were too few for them"
-                   if fit["status"] == "not identifiable" else "no interval past every kind's first")
-            out.append(f"growth per request kind ({name}): {fit['status']} ({fit['intervals']} intervals past "
-                       f"warm-up; {why}; `--workload kind-waves` serves one kind per wave)")
             continue
         parts = [f"{k} {v['bytes_per_request'] / 1024:+.1f} KiB/request (95% CI {v['ci95'][0] / 1024:.1f} .. "
                  f"{v['ci95'][1] / 1024:.1f}, {v['requests']} requests"
