@@ -113,6 +113,9 @@ def process_tree():
 
 def test_process_tree_rss_and_nvml_per_pid_memory(process_tree):
     parent, child = process_tree
+    from vlite.diagnostics.targets.process import process_roles
+
+    assert process_roles(parent) == {"api_server": parent, "engine_core": child}  # one child: the engine core
     probe = ProcessTreeProbe(parent, GpuProcessMemory(nvml=_FakeNvml(child)))
     row = probe.read()
     assert row["num_processes"] == 2 and {r["pid"] for r in probe.last_tree} == {parent, child}
@@ -332,6 +335,7 @@ def test_process_roles_name_the_api_server_engine_core_and_ranks():
         assert process_roles(parent.pid) == {"api_server": parent.pid, "engine_core": core_pid,
                                              "tp_rank0": min(workers), "tp_rank1": max(workers)}
         assert process_roles(None) == {}
+        assert process_roles(core_pid) == {"api_server": core_pid, "tp_rank0": min(workers), "tp_rank1": max(workers)}
     finally:
         for p in psutil.Process(parent.pid).children(recursive=True):
             p.kill()
