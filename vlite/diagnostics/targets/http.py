@@ -15,11 +15,11 @@ import httpx
 from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
+from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
+from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
-from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
-from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.targets.process import listening_pid, process_roles
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult

@@ -306,6 +306,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     # per process (host_memory.py, kind_growth.py): the engine and, under -tp, each rank's worker
     processes = {"engine": os.getpid(), **{f"tp_rank{r}": pid for r, pid in enumerate(facts.worker_pids)}}
     spec_ids = [s.request_id for s in specs]
+    worker_errors: list[str] = []
 
     tracer = AllocationTrace() if trace_allocations else None
     # the /metrics page `vlite serve` would show for this engine, fed with every output: its
@@ -322,7 +323,13 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                 "containers": dict(view.request_census(()).container_sizes),
                 "processes": {name: anon_swap_bytes([pid]) for name, pid in processes.items()}}
         if facts.tensor_parallel_size > 1:  # each rank walks its own process (worker.py's census)
-            for w in view.worker_census(spec_ids):
+            try:
+                ranks = view.worker_census(spec_ids)
+            except Exception as exc:  # noqa: BLE001 - a failed rank ends the engine's requests; the run says so
+                ranks = []
+                if not worker_errors:
+                    worker_errors.append(f"census inside the tensor-parallel workers failed: {exc}")
+            for w in ranks:
                 host["containers"].update({f"tp_rank{w['rank']}:{path}": n for path, n in w["container_sizes"].items()})
         return view.stats().num_used_blocks, memory.read().get("rss_bytes"), host
 
@@ -342,7 +349,9 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
     findings.census = census_findings(view, replay.requests,
-                                      workers=facts.tensor_parallel_size > 1 and not replay.interrupted)
+                                      workers=facts.tensor_parallel_size > 1 and not replay.interrupted
+                                      and not worker_errors)
+    findings.notes.extend(worker_errors)
     kinds = {s.request_id: request_kind(s) for s in specs}
     served = served_by_point([p.time for p in replay.idle_points],
                              [(kinds[r.request_id], r.end_time) for r in replay.requests])

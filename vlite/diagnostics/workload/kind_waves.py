@@ -48,7 +48,7 @@ def kind_waves_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 
     total = rounds * wave * len(KINDS)
     rng, _ = seeded_arrivals(total, input_len, output_len, float("inf"), seed)
     specs: list[RequestSpec] = []
-    for r in range(rounds):
+    for _round in range(rounds):
         for kind in KINDS:
             for _ in range(wave):
                 i = len(specs)
