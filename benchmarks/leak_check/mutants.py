@@ -14,6 +14,11 @@ server's metrics) is run as the docs say for a server: `vlite serve` from the pa
 then `leak-check --url` with the default command's workload (no `--scenario all`: it runs in
 process); the clean tree is served and checked the same way when such a mutant is chosen.
 
+A mutant of a mode that the default command does not take (``args``: ``-tp 2`` for a worker
+process's state, ``--workload kind-waves`` for growth per request kind) runs the default
+command with those flags added, as the docs give it for that mode; the clean tree is run with
+the same flags first.
+
 The model is a tiny random Llama with SmolLM2's tokenizer (built once under --workdir), whose
 EOS ids are set to tokens its greedy decoding of the chat prompts produces, so that EOS finishes
 happen as on an instruction-tuned model. The default command is the README's with a smaller
