@@ -217,11 +217,13 @@ def test_the_circle_finder_sees_a_circle():  # the check above is not vacuous
 _FLOORS = [
     ("vlite.env", "vlite"),
     ("vlite.kernels",),
-    ("vlite.engine.config", "vlite.engine.kv_cache_fit", "vlite.engine.metrics", "vlite.engine.sampling_params"),
+    # census: stdlib only, so that a tensor-parallel worker (vlite.engine.worker) walks its own process too
+    ("vlite.engine.config", "vlite.engine.kv_cache_fit", "vlite.engine.metrics", "vlite.engine.sampling_params",
+     "vlite.engine.census"),
     ("vlite.engine.core",),
     ("vlite.engine.worker",),
     ("vlite.engine.outputs", "vlite.engine.output_processor", "vlite.engine.protocol", "vlite.engine.arg_utils",
-     "vlite.engine.census", "vlite.engine.introspection", "vlite.engine.llm_engine"),
+     "vlite.engine.introspection", "vlite.engine.llm_engine"),
     ("vlite.engine.serving",),
     ("vlite.engine",),
     ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload"),

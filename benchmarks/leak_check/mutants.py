@@ -14,6 +14,11 @@ server's metrics) is run as the docs say for a server: `vlite serve` from the pa
 then `leak-check --url` with the default command's workload (no `--scenario all`: it runs in
 process); the clean tree is served and checked the same way when such a mutant is chosen.
 
+A mutant of a mode that the default command does not take (``args``: ``-tp 2`` for a worker
+process's state, ``--workload kind-waves`` for growth per request kind) runs the default
+command with those flags added, as the docs give it for that mode; the clean tree is run with
+the same flags first.
+
 The model is a tiny random Llama with SmolLM2's tokenizer (built once under --workdir), whose
 EOS ids are set to tokens its greedy decoding of the chat prompts produces, so that EOS finishes
 happen as on an instruction-tuned model. The default command is the README's with a smaller
@@ -52,6 +57,7 @@ class Mutant:
     old: str
     new: str
     mode: str = "in-process"  # "serve": `vlite serve` from the patched copy, then `leak-check --url`
+    args: tuple[str, ...] = ()  # added to the default command: the command the docs give for its mode (-tp 2, ...)
 
 
 MUTANTS = [
@@ -191,6 +197,29 @@ MUTANTS = [
            "            if q == s:  # a prefill from the prompt's first token\n"
            "                self.__dict__.setdefault(\"prefill_states\", []).append(hidden[end - q:end].clone())\n"
            "        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked\n"),
+    # Issue 42 item 7: per-request state inside a tensor-parallel worker process (the census and
+    # host-memory check of the engine's process never look there); item 5: a native leak that only
+    # one request kind takes (vllm#50150: per-process growth per request kind names it)
+    Mutant("worker-prompt-progress-kept", "tensor-parallel worker (-tp 2)",
+           "each rank keeps every sequence's prompt-logprobs progress in a map of its own, never cleared",
+           "engine/worker/worker.py", "        logits, prompt_logprobs = self.runner.execute_model(step)\n",
+           "        for rows in step.prompt_logprobs:\n"
+           "            self.__dict__.setdefault(\"prompt_progress\", {})[rows.seq_id] = rows.first + len(rows.targets)\n"
+           "        logits, prompt_logprobs = self.runner.execute_model(step)\n", args=("-tp", "2")),
+    # (mmap, as a native host buffer such as pinned memory is allocated: a malloc'd one would first
+    # reuse the heap pages that the logprobs path's large logits tensors freed, and show only later)
+    Mutant("native-buffer-per-logprobs-request", "host memory per request kind (native)",
+           "a 1 MiB native (mmap'd) buffer per finished logprobs sequence, never unmapped (no Python object holds it)",
+           "engine/output_processor.py", "        finished = seq.is_finished\n",
+           "        finished = seq.is_finished\n"
+           "        if finished and seq.sampling_params.logprobs is not None:\n"
+           "            import ctypes\n"
+           "            libc = ctypes.CDLL(None)\n"
+           "            libc.mmap.restype = ctypes.c_void_p\n"
+           "            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,"
+           " ctypes.c_long]\n"
+           "            ctypes.memset(libc.mmap(None, 1 << 20, 3, 0x22, -1, 0), 1, 1 << 20)\n",
+           args=("--workload", "kind-waves")),
 ]
 
 
@@ -270,6 +299,15 @@ def blame(report: Path) -> str:
         parts.append(f"{len(r['cpu_state']['leftover_requests'])} request entries")
     if r.get("unattributed"):
         parts.append(f"{len(r['unattributed'])} unattributed")
+    held = (r.get("census") or {}).get("held") or []
+    if held:
+        parts.append("census " + ",".join(f"{h['path']} {h['num_entries']}" for h in held[:3]))
+    hm = r.get("host_memory") or {}
+    if hm.get("verdict") == "HOST-LEAK":
+        kinds = (hm.get("kind_growth") or {}).get("growing") or []
+        parts.append("host " + ",".join([f"{g['path']} +{g['entries_per_request']}/request" for g in hm["growing"][:2]]
+                                        + [f"{k['process']} +{k['bytes_per_request'] / 1024:.0f} KiB/{k['kind']} request"
+                                           for k in kinds[:2]]))
     z = r.get("zombies") or {}
     if z.get("zombies"):
         parts.append(f"{len(z['zombies'])} zombies")
@@ -316,11 +354,12 @@ def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
             "scenarios_failed": ["(--url: not run)"], "seconds": round(time.time() - t0, 1), "default_tail": ""}
 
 
-def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenarios: bool = True) -> dict:
+def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenarios: bool = True,
+          args: tuple[str, ...] = ()) -> dict:
     if mode == "serve":
         return serve_and_check(tree, model, out)
     rep = out / "report"
-    code_d, text_d, t_d = run_leak_check(tree, ["--model", str(model), *DEFAULT_ARGS, "--report", str(rep)])
+    code_d, text_d, t_d = run_leak_check(tree, ["--model", str(model), *DEFAULT_ARGS, *args, "--report", str(rep)])
     code_s, text_s, t_s = (run_leak_check(tree, ["--model", str(model), "--scenario", "all"], timeout=900)
                            if scenarios else (None, "", 0.0))
     failed = [line.split(":")[0] for line in text_s.splitlines() if ": FAIL" in line]
@@ -352,10 +391,12 @@ def main() -> None:
         tree = work / "clean"
         shutil.rmtree(tree, ignore_errors=True)
         shutil.copytree(ROOT / "vlite", tree / "vlite")
-        for mode in sorted({m.mode for m in chosen}):  # "in-process" first
-            res = check(tree, model, work / f"out-clean-{mode}", mode, not args.skip_scenarios)
-            rows.append({"mutant": "(clean tree)", "area": mode, **res})
-            print(f"clean tree ({mode}): default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
+        for mode, extra in sorted({(m.mode, m.args) for m in chosen}):  # "in-process" first
+            label = " ".join([mode, *extra])
+            res = check(tree, model, work / f"out-clean-{label.replace(' ', '_')}", mode, not args.skip_scenarios,
+                        extra)
+            rows.append({"mutant": "(clean tree)", "area": label, **res})
+            print(f"clean tree ({label}): default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
                   f"({res['seconds']} s){': ' + res['default_blame'] if res['default_exit'] else ''}", flush=True)
     for m in chosen:
         tree = work / "tree"
@@ -368,7 +409,7 @@ def main() -> None:
         src.write_text(text.replace(m.old, m.new))
         out = work / f"out-{m.name}"
         shutil.rmtree(out, ignore_errors=True)
-        res = check(tree, model, out, m.mode, not args.skip_scenarios)
+        res = check(tree, model, out, m.mode, not args.skip_scenarios, m.args)
         rows.append({"mutant": m.name, "area": m.path_area, "what": m.what, **res})
         print(f"{m.name}: default {'CAUGHT' if res['default_caught'] else 'missed'} (exit {res['default_exit']}; "
               f"{res['default_blame']}), scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} "

@@ -113,6 +113,9 @@ def process_tree():
 
 def test_process_tree_rss_and_nvml_per_pid_memory(process_tree):
     parent, child = process_tree
+    from vlite.diagnostics.targets.process import process_roles
+
+    assert process_roles(parent) == {"api_server": parent, "engine_core": child}  # one child: the engine core
     probe = ProcessTreeProbe(parent, GpuProcessMemory(nvml=_FakeNvml(child)))
     row = probe.read()
     assert row["num_processes"] == 2 and {r["pid"] for r in probe.last_tree} == {parent, child}
@@ -312,3 +315,29 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
     wait_ready("http://127.0.0.1:1", client(503, 503, 200), timeout_s=30)  # returns once ready
     with pytest.raises(TargetError, match="is not ready: HTTP 503"):
         wait_ready("http://127.0.0.1:1", client(*[503] * 100), timeout_s=0.5)
+
+
+def test_process_roles_name_the_api_server_engine_core_and_ranks():
+    """Issue 42 item 5 over --url: each process of a server's tree by its role (sleeping stand-ins:
+    an API server whose engine core spawned two workers)."""
+    import psutil
+
+    from vlite.diagnostics.targets.process import process_roles
+
+    grandchild = "import time; time.sleep(60)"
+    core = (f"import subprocess,sys,time; ws=[subprocess.Popen([sys.executable,'-c',{grandchild!r}]) for _ in range(2)]; "
+            "print(' '.join(str(w.pid) for w in ws), flush=True); time.sleep(60)")
+    api = (f"import subprocess,sys,time; c=subprocess.Popen([sys.executable,'-c',{core!r}], stdout=subprocess.PIPE, "
+           "text=True); print(c.pid, c.stdout.readline().strip(), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", api], stdout=subprocess.PIPE, text=True)
+    try:
+        core_pid, *workers = map(int, parent.stdout.readline().split())
+        assert process_roles(parent.pid) == {"api_server": parent.pid, "engine_core": core_pid,
+                                             "tp_rank0": min(workers), "tp_rank1": max(workers)}
+        assert process_roles(None) == {}
+        assert process_roles(core_pid) == {"api_server": core_pid, "tp_rank0": min(workers), "tp_rank1": max(workers)}
+    finally:
+        for p in psutil.Process(parent.pid).children(recursive=True):
+            p.kill()
+        parent.kill()
+        parent.wait(timeout=10)

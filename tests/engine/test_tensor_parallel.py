@@ -151,6 +151,35 @@ class TestTwoRanks:
         assert (samples["worker_rss_bytes"] > 50 << 20).all()  # each worker holds torch and its shard
         assert (samples["rss_bytes"] > samples["worker_rss_bytes"]).all()  # the sum includes the engine process
 
+    def test_leak_check_censuses_inside_every_worker(self, tp2_engine):
+        """Issue 42 item 7: per-request state that only a worker process holds is a LEAK, named by
+        its container and rank; each rank's memory is read at every idle point."""
+        from vlite.diagnostics.targets.inprocess import run_in_process
+        from vlite.diagnostics.workload.sources import synthetic_workload
+        from vlite.engine.core.sequence import SeqId
+
+        specs = synthetic_workload(8, input_len=(8, 20), output_len=(4, 6), seed=4)
+        # each rank's own map, keyed by a request id and by a sequence id that will have ended
+        # (worker_main calls any Worker method by name: here setattr, from the engine's side)
+        tp2_engine.executor.collective_rpc("__setattr__", "per_request", {specs[0].request_id: b"x", SeqId(10**9): 1})
+        try:
+            run = run_in_process(tp2_engine, specs, max_concurrency=4, idle_every=4, sample_interval_s=0.1)
+        finally:
+            tp2_engine.executor.collective_rpc("__delattr__", "per_request")
+        f = run.findings
+        pids = tp2_engine.executor.worker_pids()
+        held = {h["path"]: h for h in f.census["held"]}
+        assert set(held) == {"tp_rank0:worker.per_request", "tp_rank1:worker.per_request"}, f.census["held"]
+        assert held["tp_rank1:worker.per_request"]["request_ids"] == [specs[0].request_id, f"seq {10**9}"]
+        assert held["tp_rank1:worker.per_request"]["process"] == f"tp_rank1 (pid {pids[1]})"
+        assert [w["pid"] for w in f.census["workers"]] == pids
+        assert f.leak and "tp_rank1:worker.per_request" in f.summary()
+        assert run.info["processes"] == {"engine": os.getpid(), "tp_rank0": pids[0], "tp_rank1": pids[1]}
+        for p in run.replay.idle_points:  # each process's memory, and each worker's containers, by rank
+            assert set(p.host["processes"]) == {"engine", "tp_rank0", "tp_rank1"}
+            assert all(v > 10 << 20 for v in p.host["processes"].values())
+            assert p.host["containers"]["tp_rank1:worker.per_request"] == 2
+
 
 def test_tp3_smollm2_equals_one_rank_with_preemption_and_chunked_prefill(smollm2_checkpoint):
     """8 prompts of 5-31 tokens in one batch; 14 blocks of 16 tokens force preemption, a 48-token

@@ -93,7 +93,8 @@ def leak_check(
                                  help="all-paths (every engine path: prefix hits, preemption, n > 1, beam search, "
                                       "EOS/stop finishes; on a deliberately small KV pool sized from "
                                       "--num-requests to force preemption, unless --num-blocks or "
-                                      "--kv-cache-memory-bytes is given), synthetic (plain requests), a JSONL trace (.jsonl; schema in "
+                                      "--kv-cache-memory-bytes is given), synthetic (plain requests), kind-waves (waves "
+                                      "of one request kind each, for host-memory growth per kind), a JSONL trace (.jsonl; schema in "
                                       "docs/leak-check.md), or a ShareGPT file (.json)."),
     num_requests: int = typer.Option(DEFAULT_NUM_REQUESTS, "--num-requests", rich_help_panel=PANEL_WORKLOAD, min=1,
                                      help="Requests to run: the size of the all-paths (default) and synthetic "
@@ -271,6 +272,10 @@ def leak_check(
     # Five waves: enough troughs for the fit, and few enough drains to keep batches full; at
     # least 16 requests a wave (or all of a small trace), so that a wave can preempt.
     n_specs = num_requests if workload in ("synthetic", "all-paths") else None
+    if workload == "kind-waves" and idle_every is None:  # one idle point after each one-kind wave
+        from vlite.diagnostics.workload.kind_waves import kind_wave_size
+
+        idle_every = kind_wave_size(num_requests)
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
                            count_tokens=None, n=n, in_process=url is None,
@@ -362,16 +367,20 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
             return all_paths_workload(num_requests, input_len=input_len, output_len=output_len,
                                       request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                       seed=seed, in_process=in_process, wave_size=wave_size)
+        if workload == "kind-waves":  # waves of one request kind each (checks/kind_growth.py)
+            from vlite.diagnostics.workload.kind_waves import kind_waves_workload
+
+            return kind_waves_workload(num_requests, input_len=input_len, output_len=output_len, seed=seed)
         if workload == "synthetic":
             return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
                                          seed=seed, n=n)
         path = Path(workload)
         if path.is_dir():
-            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, a JSONL trace (.jsonl) "
+            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, kind-waves, a JSONL trace (.jsonl) "
                         "or a ShareGPT file (.json)")
         if not path.is_file():
-            common.fail(f"--workload {workload}: not all-paths or synthetic, and no such file")
+            common.fail(f"--workload {workload}: not all-paths, synthetic or kind-waves, and no such file")
         if path.suffix == ".jsonl":
             return wl.jsonl_workload(path, abort_rate=abort_rate, abort_mode=abort_mode, seed=seed,
                                      warn=common.warn)

@@ -337,6 +337,22 @@ class EngineView:
                                     *skip],  # anomalies are reported as such
                               seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
 
+    def worker_census(self, ended_request_ids) -> list[dict]:
+        """The request-id census inside each tensor-parallel worker process, rank order (empty
+        when the model runs in the engine's process): ``Worker.census`` over the executor's call
+        channel, told the engine's live sequences and the request id of every finished record's
+        sequence (a rank sees sequence ids only). Each entry: ``rank``, ``pid``, ``held``,
+        ``objects_visited``, ``truncated``, ``container_sizes``, ``elapsed_ms``. Call it at an idle
+        point (the ranks walk while no step runs).
+
+        Raises:
+            WorkerFailedError: a rank died or raised.
+        """
+        sched = self._engine.scheduler
+        names = {int(sid): rec.origin.request_id for sid, rec in list(sched.finished_records.items())}
+        return self._engine.executor.worker_census(sorted(ended_request_ids), names,
+                                                   [int(s) for s in self._live_sequences()])
+
     def blocks_not_free(self) -> list[dict]:
         """Every block that is not in the free block queue: block_id and ref_count."""
         bm = self._engine.scheduler.kv_cache_manager

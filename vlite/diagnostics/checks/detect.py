@@ -209,8 +209,15 @@ class Findings:
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]
+            hm = self.host_memory
+            kinds = (hm.get("kind_growth") or {}).get("growing") or []
+            procs = [n for n, t in (hm.get("processes") or {}).items() if t.get("keeps_growing")]
             what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
-                    else f"RssAnon + VmSwap +{self.host_memory['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
+                    else ", ".join(f"{k['process']} +{k['bytes_per_request'] / 1024:.1f} KiB per {k['kind']} request"
+                                   for k in kinds) if kinds
+                    else ", ".join(f"{n} RssAnon + VmSwap +{hm['processes'][n]['late_slope'] / 1024:.1f} KiB/request"
+                                   for n in procs) if procs
+                    else f"RssAnon + VmSwap +{hm['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
             sites = (self.host_memory.get("allocation_sites") or {}).get("sites")
             if sites:
                 what += f"; top growing allocation site {sites[0]['site']} +{sites[0]['bytes_per_request']:.0f} B/request"

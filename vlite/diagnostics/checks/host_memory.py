@@ -98,8 +98,16 @@ def keeps_growing_steadily(xs: list[float], ys: list[float], threshold: float) -
     return late >= 0.5 * early
 
 
-def host_memory_check(points: list) -> dict:
+def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     """The host-memory verdict from idle points that carry ``host`` readings.
+
+    Per process: where ``host["processes"]`` names more than one process (the engine and its
+    tensor-parallel workers, ``{name: RssAnon + VmSwap bytes}``), each gets its own plateau test
+    (``processes``), and a worker that keeps growing is a HOST-LEAK named by its rank even when
+    the sum over all of them stays inside the noise. ``served``: the requests served per kind
+    at each point (``kind_growth.served_by_point``, same order as ``points``): then
+    ``kind_growth`` fits each process's growth per request kind (``kind_growth.py``), and a kind
+    whose growth lies above its threshold is a HOST-LEAK named by the process and the kind.
 
     Returns ``verdict``: ``"HOST-LEAK"`` (a container or anonymous memory keeps its slope past
     warm-up), ``"inconclusive"`` (the 95% CI of anonymous memory's late-half slope straddles the
@@ -107,17 +115,31 @@ def host_memory_check(points: list) -> dict:
     over the run but levelled off in its later half: that CI lies below the threshold),
     ``"below threshold"`` or ``"too few idle points"``;
     ``growing``: the containers that keep growing (path, entries per request, first -> last);
-    ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used.
+    ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used;
+    ``processes``: {name: plateau test} (with more than one process); ``kind_growth``: the fit
+    per request kind (with ``served``).
     """
-    pts = [p for p in points if getattr(p, "host", None)]
+    keep = [i for i, p in enumerate(points) if getattr(p, "host", None)]
+    pts = [points[i] for i in keep]
     result = {"verdict": "too few idle points", "n": len(pts), "growing": [], "anon_swap": None,
-              "min_points": MIN_POINTS}
+              "min_points": MIN_POINTS, "processes": {}, "kind_growth": None}
+    names = [n for n in (pts[0].host.get("processes") or {})] if pts else []
+    if served is not None and pts and names:
+        from vlite.diagnostics.checks.kind_growth import kind_growth_check
+
+        result["kind_growth"] = kind_growth_check(
+            [served[i] for i in keep], {n: [(p.host.get("processes") or {}).get(n) for p in pts] for n in names})
     if len(pts) < MIN_POINTS:
         return result
     xs = [float(p.requests_completed) for p in pts]
     anon = [p.host.get("anon_swap_bytes") for p in pts]
     if all(a is not None for a in anon):
         result["anon_swap"] = plateau_test(xs, [float(a) for a in anon], ANON_SLOPE_BYTES)
+    if len(names) > 1:
+        for name in names:
+            mem = [(p.host.get("processes") or {}).get(name) for p in pts]
+            if all(m is not None for m in mem):
+                result["processes"][name] = plateau_test(xs, [float(m) for m in mem], ANON_SLOPE_BYTES)
     half = len(pts) // 2
     late_paths = set.intersection(*(set(p.host.get("containers", {})) for p in pts[half:]))
     for path in sorted(late_paths):
@@ -129,7 +151,9 @@ def host_memory_check(points: list) -> dict:
             result["growing"].append({"path": path, "entries_per_request": round(test["late_slope"], 3),
                                       "first": int(sizes[0]), "last": int(sizes[-1])})
     anon_test = result["anon_swap"] or {}
-    if result["growing"] or anon_test.get("keeps_growing"):
+    kinds = result["kind_growth"] or {}
+    if result["growing"] or anon_test.get("keeps_growing") or kinds.get("growing") \
+            or any(t["keeps_growing"] for t in result["processes"].values()):
         result["verdict"] = "HOST-LEAK"
     elif anon_test.get("inconclusive"):
         result["verdict"] = "inconclusive"
@@ -153,6 +177,16 @@ def lines(result: dict | None) -> list[str]:
         out.append(f"host memory (RssAnon + VmSwap): {a['first'] / 2**20:.1f} -> {a['last'] / 2**20:.1f} MiB; "
                    f"late-half slope {a['late_slope'] / 1024:.1f} KiB/request (95% CI {a['late_ci95'][0] / 1024:.1f}"
                    f" .. {a['late_ci95'][1] / 1024:.1f}; a leak above {ANON_SLOPE_BYTES // 1024} KiB/request)")
+    for name, t in (result.get("processes") or {}).items():
+        if t.get("late_slope") is None:
+            continue
+        out.append(f"{'HOST-LEAK: ' if t['keeps_growing'] else ''}host memory of {name} (RssAnon + VmSwap): "
+                   f"{t['first'] / 2**20:.1f} -> {t['last'] / 2**20:.1f} MiB; late-half slope "
+                   f"{t['late_slope'] / 1024:.1f} KiB/request (95% CI {t['late_ci95'][0] / 1024:.1f} .. "
+                   f"{t['late_ci95'][1] / 1024:.1f})")
+    from vlite.diagnostics.checks import kind_growth
+
+    out += kind_growth.lines(result.get("kind_growth"))
     for g in result["growing"]:
         out.append(f"HOST-LEAK: {g['path']} keeps growing: {g['first']} -> {g['last']} entries, "
                    f"{g['entries_per_request']} per request after warm-up")
@@ -168,7 +202,9 @@ def lines(result: dict | None) -> list[str]:
                "below threshold": (f"host memory: no container reachable from the engine keeps growing "
                                    f"(> {CONTAINER_SLOPE} entries/request); {anon_words}")
                }[result["verdict"]]
-    if result["verdict"] != "HOST-LEAK" or not result["growing"]:
+    named = result["growing"] or any(t.get("keeps_growing") for t in (result.get("processes") or {}).values()) \
+        or (result.get("kind_growth") or {}).get("growing")
+    if result["verdict"] != "HOST-LEAK" or not named:
         out.append(verdict)
     trace = result.get("allocation_sites")
     if trace and trace["sites"]:

@@ -97,7 +97,7 @@ def memory_series(df: pd.DataFrame, bytes_per_block: int | None) -> list[tuple[s
 def _growth_text(run) -> str:
     """The fitted RSS growth per request at idle troughs and the verdict, for the plot."""
     trends = [t for t in run.findings.trends if t.metric == "rss_bytes"]
-    # name the host-memory check only where it ran (in process; not over --url)
+    # name the host-memory check only where it ran (in process, or over --url of a server on this host)
     rests = ("KV blocks, per-request state and the host-memory check" if getattr(run.findings, "host_memory", None)
              else "KV blocks and per-request state")
     verdict = f"verdict: {run.findings.verdict} (this RSS fit is informational: the verdict rests on\n{rests})"

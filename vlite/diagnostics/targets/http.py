@@ -15,11 +15,13 @@ import httpx
 from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
+from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
+from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
-from vlite.diagnostics.targets.process import listening_pid
+from vlite.diagnostics.targets.process import listening_pid, process_roles
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
@@ -263,12 +265,19 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     if gpu_tracer is not None:
         gpu_tracer.start()
 
-    def probe() -> tuple[int, int | None]:
+    roles = process_roles(pid)  # per process (host_memory.py, kind_growth.py), where the server runs here
+
+    def probe() -> tuple[int, int | None, dict | None]:
         row = source()
         series.append(series_counts(sync.get(f"{base}/metrics").text))
         if gpu_tracer is not None:
             gpu_tracer.idle_point()
-        return row["num_used_blocks"], memory.read().get("rss_bytes")
+        host = None
+        if roles:
+            per = {name: anon_swap_bytes([p]) for name, p in roles.items()}
+            host = {"processes": per, "containers": {},
+                    "anon_swap_bytes": None if None in per.values() else sum(per.values())}
+        return row["num_used_blocks"], memory.read().get("rss_bytes"), host
 
     t0 = time.time()
     replay: ReplayResult | None = None
@@ -299,13 +308,17 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
     findings.census = census_from_metrics(final_metrics)
+    if roles:  # a server on this host: its processes' anonymous memory, per process and per request kind
+        kinds = {s.request_id: request_kind(s) for s in specs}
+        findings.host_memory = host_memory_check(replay.idle_points, served_by_point(
+            [p.time for p in replay.idle_points], [(kinds[r.request_id], r.end_time) for r in replay.requests]))
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     findings.gpu_allocations = gpu_growth
     if pid is None:
         findings.notes.append("server process not found locally: no RSS samples")
     if memory.note:
         findings.notes.append(memory.note)
-    facts = {"target": "http", "url": base, "server_pid": pid, "num_total_blocks": snap.num_total_blocks,
+    facts = {"target": "http", "url": base, "server_pid": pid, "processes": roles, "num_total_blocks": snap.num_total_blocks,
              "num_requests": len(specs), "debug_endpoints": debug.status_code == 200,
              "gpu_source": memory.gpu_source, "replay_s": round(time.time() - t0, 2),
              "num_preemptions_total": None, "sampler_errors": sampler.errors, **(info or {})}

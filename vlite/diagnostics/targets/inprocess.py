@@ -24,6 +24,7 @@ from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
+from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
@@ -308,6 +309,10 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     sampler = Sampler(lambda: blocks() | regs(), memory, sample_interval_s).start()
 
     pids = [os.getpid(), *facts.worker_pids]
+    # per process (host_memory.py, kind_growth.py): the engine and, under -tp, each rank's worker
+    processes = {"engine": os.getpid(), **{f"tp_rank{r}": pid for r, pid in enumerate(facts.worker_pids)}}
+    spec_ids = [s.request_id for s in specs]
+    worker_errors: list[str] = []
 
     tracer = AllocationTrace() if trace_allocations else None
     gpu_tracer = GpuAllocationTrace(TorchRecorder(gpu_snapshot)) if trace_gpu_allocations else None
@@ -324,7 +329,17 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         if gpu_tracer is not None:
             gpu_tracer.idle_point()
         host = {"anon_swap_bytes": anon_swap_bytes(pids),
-                "containers": dict(view.request_census(()).container_sizes)}
+                "containers": dict(view.request_census(()).container_sizes),
+                "processes": {name: anon_swap_bytes([pid]) for name, pid in processes.items()}}
+        if facts.tensor_parallel_size > 1:  # each rank walks its own process (worker.py's census)
+            try:
+                ranks = view.worker_census(spec_ids)
+            except Exception as exc:  # noqa: BLE001 - a failed rank ends the engine's requests; the run says so
+                ranks = []
+                if not worker_errors:
+                    worker_errors.append(f"census inside the tensor-parallel workers failed: {exc}")
+            for w in ranks:
+                host["containers"].update({f"tp_rank{w['rank']}:{path}": n for path, n in w["container_sizes"].items()})
         return view.stats().num_used_blocks, memory.read().get("rss_bytes"), host
 
     t0 = time.time()
@@ -345,8 +360,14 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
-    findings.census = census_findings(view, replay.requests)
-    findings.host_memory = host_memory_check(replay.idle_points)
+    findings.census = census_findings(view, replay.requests,
+                                      workers=facts.tensor_parallel_size > 1 and not replay.interrupted
+                                      and not worker_errors)
+    findings.notes.extend(worker_errors)
+    kinds = {s.request_id: request_kind(s) for s in specs}
+    served = served_by_point([p.time for p in replay.idle_points],
+                             [(kinds[r.request_id], r.end_time) for r in replay.requests])
+    findings.host_memory = host_memory_check(replay.idle_points, served)
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if growth is not None:
         findings.host_memory["allocation_sites"] = growth
@@ -363,21 +384,33 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                  "bytes_per_block": facts.bytes_per_block, "num_requests": len(specs),
                  "num_preemptions_total": view.stats().num_preemptions_total, "gpu_source": memory.gpu_source,
                  "inject_faults": list(facts.inject_faults), "tensor_parallel_size": facts.tensor_parallel_size,
-                 "worker_pids": list(facts.worker_pids), "replay_s": round(time.time() - t0, 2),
+                 "worker_pids": list(facts.worker_pids), "processes": processes, "replay_s": round(time.time() - t0, 2),
                  "sampler_errors": sampler.errors, **(info or {})}
     if replay.interrupted:
         run_facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, run_facts)
 
 
-def census_findings(view, requests) -> dict:
+def census_findings(view, requests, workers: bool = False) -> dict:
     """The request-id census at the drained idle point (``EngineView.request_census``), each
-    container's requests joined with what their clients did; ``elapsed_ms`` is its cost."""
+    container's requests joined with what their clients did; ``elapsed_ms`` is its cost.
+
+    ``workers``: also the census inside each tensor-parallel worker (``EngineView.worker_census``):
+    its containers join ``held`` with their path prefixed by the rank (``tp_rank1:worker.x``)
+    and ``process`` naming rank and pid; ``workers`` lists each rank's pid, objects visited
+    and cost (ms)."""
     actions = {r.request_id: r.action_label for r in requests}
     t0 = time.perf_counter()
     result = view.request_census(set(actions))
     out = result.to_dict()
     out["elapsed_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+    if workers:
+        out["workers"] = []
+        for w in view.worker_census(set(actions)):
+            out["workers"].append({k: w[k] for k in ("rank", "pid", "objects_visited", "truncated", "elapsed_ms")})
+            out["truncated"] = out["truncated"] or w["truncated"]
+            out["held"] += [h | {"path": f"tp_rank{w['rank']}:{h['path']}",
+                                 "process": f"tp_rank{w['rank']} (pid {w['pid']})"} for h in w["held"]]
     for h in out["held"]:
         h["client_actions"] = sorted({actions.get(rid, "?") for rid in h["request_ids"]})
     return out

@@ -34,6 +34,41 @@ def is_local_url(url: str) -> bool:
     return any(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in local for a in addrs)
 
 
+def process_roles(pid: int | None) -> dict[str, int]:
+    """A server's processes by role, from its process tree (``{}`` without ``pid``): the process
+    listening on the port is ``api_server``; its child that has children of its own, or else its
+    only child, is the ``engine_core`` (vlite's and vLLM's engine core process, parent of the
+    workers under tensor parallelism); the workers (children of the engine core, or of the API
+    server when the engine runs in its thread) are ``tp_rank0``, ``tp_rank1``, ... in pid order
+    (the executor spawns them in rank order). Other descendants are ``pid <N>``. Names, not a
+    guarantee: a server that spawns other helpers shifts them."""
+    if pid is None:
+        return {}
+    try:
+        root = psutil.Process(pid)
+        # multiprocessing's resource tracker (a child of any process that spawns) is no role of the server's
+        children = sorted((c for c in root.children() if not _is_helper(c)), key=lambda c: c.pid)
+        roles = {"api_server": pid}
+        core = next((c for c in children if c.children()), children[0] if len(children) == 1 else None)
+        workers = sorted((c for c in core.children() if not _is_helper(c)), key=lambda c: c.pid) \
+            if core is not None else [c for c in children if not c.children()]
+        if core is not None:
+            roles["engine_core"] = core.pid
+        roles.update({f"tp_rank{r}": w.pid for r, w in enumerate(workers)})
+        named = set(roles.values())
+        roles.update({f"pid {d.pid}": d.pid for d in root.children(recursive=True) if d.pid not in named})
+        return roles
+    except psutil.Error:
+        return {"api_server": pid}
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part or "semaphore_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def listening_pid(url: str) -> int | None:
     """The pid of the local process listening on the URL's TCP port, or None if not visible."""
     parsed = urlparse(url)

@@ -107,6 +107,16 @@ class Executor(ABC):
         """PIDs of the worker processes on this host (empty in-process and for remote actors)."""
         return []
 
+    def worker_census(self, ended_request_ids: list[str], seq_names: dict[int, str],
+                      live_seq_ids: list[int]) -> list[dict]:
+        """Each worker process's request-id census and host-memory readings (``Worker.census``),
+        rank order; empty where the model runs in the engine's process (its census covers it).
+
+        Raises:
+            WorkerFailedError: a rank died or raised (multi-rank executors).
+        """
+        return []
+
     def shutdown(self) -> None:  # noqa: B027 - in-process: nothing to stop
         """Stop every rank (idempotent)."""
 
@@ -239,6 +249,11 @@ class DistributedExecutor(Executor):
     def memory(self) -> list[dict]:
         """Each rank's ``Worker.memory()`` (pid, RSS, CUDA bytes)."""
         return self.collective_rpc("memory")
+
+    def worker_census(self, ended_request_ids: list[str], seq_names: dict[int, str],
+                      live_seq_ids: list[int]) -> list[dict]:
+        # over the executor's own call channel: every rank walks its own process at once
+        return self.collective_rpc("census", list(ended_request_ids), dict(seq_names), list(live_seq_ids))
 
 
 class MultiprocExecutor(DistributedExecutor):

@@ -155,6 +155,32 @@ class Worker:
             out["cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.runner.device)
         return out
 
+    def census(self, ended_request_ids: list[str], seq_names: dict[int, str], live_seq_ids: list[int]) -> dict:
+        """This rank's request-id census and host-memory readings, for the engine's idle points.
+
+        The walk (``census.request_census``) starts at this ``Worker`` (its runner, model and
+        whatever per-request state the rank keeps) and at the module- and class-level containers
+        of vlite's engine modules loaded in this process. ``ended_request_ids``: every request the
+        engine has ended; ``seq_names``: sequence id -> request id of the engine's finished records
+        (a rank sees sequence ids only, e.g. ``PromptLogprobsRows.seq_id``); ``live_seq_ids``: the
+        engine's live sequences (none at an idle point): every other ``SeqId`` here is an ended
+        request's. Read-only; costs one visit per reachable object (ms), so the engine calls it
+        only at idle points, never inside a step.
+
+        Returns a plain dict: ``rank``, ``pid``, ``held`` (``HeldRequestState.to_dict`` each),
+        ``objects_visited``, ``truncated``, ``container_sizes`` (path -> entries of every non-empty
+        container), ``elapsed_ms``. This process's memory the engine reads itself, by ``pid``.
+        """
+        from vlite.engine.census import module_roots, request_census
+        from vlite.engine.core.sequence import SeqId
+
+        t0 = time.perf_counter()
+        result = request_census({"worker": self, **module_roots()}, ended_request_ids, seq_id_type=SeqId,
+                                live_seq_ids=live_seq_ids, seq_names=seq_names)
+        return {"rank": self.rank, "pid": os.getpid(), **result.to_dict(),
+                "container_sizes": dict(result.container_sizes), "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 2)}
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exit this process as soon as its parent is gone (re-parented to another pid)."""
     while True:
