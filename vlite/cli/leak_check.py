@@ -1,8 +1,8 @@
 """``vlite leak-check``: replay a workload with injected client aborts, sample memory and the
 free list, drain, and report leaked KV blocks (and per-request state) by origin.
 
-Exit codes (``EPILOG``, the end of ``--help``): 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK (or a scenario
-failed), 2 usage error or a target that cannot be reached, 3 INCONCLUSIVE, 4 CLEAN but no client
+Exit codes (``EPILOG``, the end of ``--help``): 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK / WEDGED /
+EMPTY-OUTPUT / OUTPUT-DRIFT (or a scenario failed), 2 usage error or a target that cannot be reached, 3 INCONCLUSIVE, 4 CLEAN but no client
 abort was exercised (while waiting, in prefill or in decode; e.g. ``--abort-rate 0``), 130 INTERRUPTED.
 """
 
@@ -49,6 +49,11 @@ Verdicts and exit codes:
   1    LEAK          blocks or per-request state left after the drain
   1    ZOMBIE        requests outlived their clients
   1    HOST-LEAK     host memory keeps growing past warm-up
+  1    WEDGED        after an abort storm /health says 200 but a plain request
+                     does not complete (black box: --storm-requests)
+  1    EMPTY-OUTPUT  after an abort storm the greedy canary gets HTTP 200 with
+                     zero tokens
+  1    OUTPUT-DRIFT  after an abort storm the greedy canary's text changed
   1    a --scenario failed
   2    usage error, or a target that cannot be reached or read (one line)
   3    INCONCLUSIVE  the server never drained, no KV gauge, no idle stretch,
@@ -168,10 +173,18 @@ def leak_check(
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", rich_help_panel=PANEL_URL, min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
+    storm_requests: int = typer.Option(32, "--storm-requests", rich_help_panel=PANEL_URL, min=0,
+                                       help="Black-box: streamed requests of the abort storm after the waves, all "
+                                            "cut at once; then the wedge probe (WEDGED) and the greedy output "
+                                            "canary run before any abort (EMPTY-OUTPUT, OUTPUT-DRIFT). 0 = none."),
+    wedge_timeout_s: float | None = typer.Option(None, "--wedge-timeout-s", rich_help_panel=PANEL_URL, min=0.1,
+                                                 help="Black-box: seconds a plain request may take after the abort "
+                                                      "storm before the server is WEDGED (default: max(5, 10 x its "
+                                                      "slowest run before any abort))."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left.
 
-    Exit 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK, 4 CLEAN with no client abort exercised; every verdict,
+    Exit 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK / WEDGED / EMPTY-OUTPUT / OUTPUT-DRIFT, 4 CLEAN with no client abort exercised; every verdict,
     exit code and an example per mode are at the end of this help.
     """
     from vlite.cli.leak_check_target import connect_or_fail, run_target
@@ -270,7 +283,8 @@ def leak_check(
             from vlite.diagnostics.targets.blackbox import BlackboxTarget
 
             target = BlackboxTarget(conn, url=url, drain_timeout_s=drain_timeout, bisect_budget_s=bisect_budget,
-                                    server_pid=server_pid, zombie_max_tokens=zombie_max_tokens)
+                                    server_pid=server_pid, zombie_max_tokens=zombie_max_tokens,
+                                    storm_requests=storm_requests, wedge_timeout_s=wedge_timeout_s)
         else:
             from vlite.diagnostics.targets.http import HttpTarget
 
