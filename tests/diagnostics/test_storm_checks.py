@@ -1,0 +1,113 @@
+"""After an abort storm: the wedge probe (WEDGED) and the output canary (EMPTY-OUTPUT, OUTPUT-DRIFT).
+
+The judges alone on hand-made measures, then real `vlite serve` processes (tiny random model, a
+32-block pool that a 16-request storm fills): healthy (both checks pass), with the planted
+``reclaim-on-admission`` (WEDGED, through the CLI) and ``empty-output-after-abort`` (EMPTY-OUTPUT,
+through the black-box target). 127.0.0.1 only, bounded waits.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_harness import ServerProcess, running
+
+from vlite.diagnostics.checks.storm import judge_canary, judge_wedge, wedge_bound, worst
+from vlite.diagnostics.targets.storm import storm_check
+
+VLITE = str(Path(sys.executable).with_name("vlite"))
+POOL = ("--num-blocks", "32")  # 16 storm prompts of about 25 tokens fill it (2 blocks each)
+
+
+# -- the judges ------------------------------------------------------------------------------------
+def test_wedge_bound_follows_the_measured_pace_with_a_floor_and_an_override():
+    assert wedge_bound([0.01, 0.2, 0.05]) == 5.0  # 10 x 0.2 s is under the 5 s floor
+    assert wedge_bound([0.9, 1.5]) == pytest.approx(15.0)  # a slow server: 10 x its slowest run
+    assert wedge_bound([]) == 5.0
+    assert wedge_bound([0.9, 1.5], override_s=2.5) == 2.5  # --wedge-timeout-s
+
+
+def test_wedged_needs_a_healthy_health_and_no_completion():
+    probe = {"health_status": 200, "completed": False, "status": "ReadTimeout", "latency_s": 5.0, "bound_s": 5.0}
+    assert judge_wedge(probe)[0] == "WEDGED"
+    assert judge_wedge(probe | {"completed": True, "status": 200, "latency_s": 0.1})[0] is None
+    verdict, why = judge_wedge(probe | {"health_status": "ConnectError"})
+    assert verdict is None and "down, not wedged" in why
+
+
+def _run(text, tokens=None, status=200):
+    return {"status": status, "text": text, "completion_tokens": tokens, "finish_reason": "length"}
+
+
+def test_canary_verdicts():
+    before = [_run(" one, two", 4), _run(" one, two", 4)]
+    assert judge_canary(before, _run(" one, two", 4))[0] is None
+    assert judge_canary(before, _run("", 0))[0] == "EMPTY-OUTPUT"
+    assert judge_canary(before, _run("", None))[0] == "EMPTY-OUTPUT"  # no usage: no text is no token
+    verdict, why = judge_canary(before, _run(" one, three", 4))
+    assert verdict == "OUTPUT-DRIFT" and "' one, two' before" in why
+    # not judged: a server that drifts between its two runs before, or gave nothing before, or failed after
+    assert judge_canary([_run(" a", 1), _run(" b", 1)], _run(" c", 1))[0] is None
+    assert judge_canary([_run("", 0), _run("", 0)], _run("", 0))[0] is None
+    assert judge_canary(before, _run(None, status=503))[0] is None
+    assert judge_canary(before, None)[0] is None
+    assert worst([None, "OUTPUT-DRIFT", "WEDGED"]) == "WEDGED" and worst([None]) is None
+
+
+# -- real servers --------------------------------------------------------------------------------------
+@pytest.fixture
+def healthy(tiny_model_dir, tmp_path):
+    yield from running(ServerProcess(tiny_model_dir, tmp_path / "healthy.log", *POOL))
+
+
+@pytest.fixture
+def wedging(tiny_model_dir, tmp_path):
+    yield from running(ServerProcess(tiny_model_dir, tmp_path / "wedging.log", *POOL,
+                                     "--inject-fault", "reclaim-on-admission"))
+
+
+@pytest.fixture
+def emptying(tiny_model_dir, tmp_path):
+    yield from running(ServerProcess(tiny_model_dir, tmp_path / "emptying.log", *POOL,
+                                     "--inject-fault", "empty-output-after-abort"))
+
+
+def test_a_healthy_server_passes_both_checks(healthy):
+    s = storm_check(healthy.base_url, storm_requests=16)
+    assert s["verdict"] is None, s
+    assert s["storm"]["sent"] == 16 and s["storm"]["streamed"] >= 1
+    assert s["wedge"]["completed"] and s["wedge"]["bound_s"] >= 5.0
+    assert s["canary_after"]["completion_tokens"] == 16
+    assert s["canary_after"]["text"] == s["before"]["canary"][-1]["text"]
+
+
+def test_cli_reports_wedged_after_the_storm(wedging, tmp_path):
+    res = subprocess.run([VLITE, "leak-check", "--url", wedging.base_url, "--blackbox", "--num-requests", "6",
+                          "--abort-rate", "0", "--zombie-max-tokens", "0", "--storm-requests", "16",
+                          "--drain-timeout", "10", "--report", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "verdict: WEDGED: /health answers 200 but a plain request did not complete within 5 s" in out, out
+    assert "storm check: abort storm: 16 streamed requests sent at once" in out
+    assert "After the abort storm" in (tmp_path / "r" / "report.md").read_text()
+    # the server still answers /health: wedged, not dead
+    assert httpx.get(wedging.base_url + "/health", timeout=5).status_code == 200
+
+
+def test_blackbox_target_reports_empty_output_after_the_storm(emptying):
+    from vlite.diagnostics.targets.base import TargetPlan
+    from vlite.diagnostics.targets.blackbox import BlackboxTarget
+    from vlite.diagnostics.targets.connection import connect
+    from vlite.diagnostics.workload.sources import synthetic_workload
+
+    specs = synthetic_workload(4, input_len=(8, 16), output_len=(4, 8), seed=3, prefix="eo")
+    target = BlackboxTarget(connect(emptying.base_url), drain_timeout_s=10, bisect_budget_s=0, storm_requests=16)
+    run = target.run(TargetPlan(specs=specs, max_concurrency=2, idle_every=2))
+    assert run.verdict == "EMPTY-OUTPUT" and run.exit_code == 1, run.summary
+    after = run.result.storm["canary_after"]
+    assert after["status"] == 200 and after["completion_tokens"] == 0 and after["text"] == ""
