@@ -161,6 +161,10 @@ def leak_check(
     stuck_after: float = typer.Option(300.0, "--stuck-after", rich_help_panel=PANEL_WATCH, min=0.1,
                                       help="--watch/--prometheus: a running gauge above 0 this long with no request "
                                            "finished or aborted is flagged (seconds)."),
+    server_log: Path | None = typer.Option(None, "--server-log", rich_help_panel=PANEL_WATCH,  # noqa: B008
+                                           help="--watch: follow the server's log file (from its end) and alert on "
+                                                "the servers' own messages about aborts, zombies and leaked KV "
+                                                "(vLLM, SGLang, TensorRT-LLM, llama.cpp; docs/leak-check.md)."),
     prometheus: str | None = typer.Option(None, "--prometheus", rich_help_panel=PANEL_PROM,
                                           help="Judge a range a Prometheus server holds (its URL); with --job, --since."),
     job: str | None = typer.Option(None, "--job", rich_help_panel=PANEL_PROM, help="--prometheus: the scrape job of the inference server."),
@@ -212,6 +216,9 @@ def leak_check(
     t_start = time.time()
     if report is not None:
         _check_writable(report)
+    if server_log is not None and not watch:
+        common.fail("--server-log follows a live server's log during --watch; add --watch (or read a log "
+                    "after the fact with --from-log)")
     if not (watch or prometheus):  # their options alone would start a full replay instead
         given = [flag for flag, value, default in (("--duration", duration, None), ("--interval", interval, None),
                                                    ("--stuck-after", stuck_after, 300.0), ("--job", job, None),
@@ -229,6 +236,8 @@ def leak_check(
             common.fail("--watch scrapes a live server (--url), --prometheus reads a stored range: pick one")
         if watch and not url:
             common.fail("--watch needs --url (the server to watch)")
+        if server_log is not None and not server_log.is_file():
+            common.fail(f"--server-log {server_log}: no such file (give the log file the server writes)")
         if prometheus:
             from vlite.diagnostics.targets.prometheus_range import PrometheusTarget
 
@@ -241,7 +250,8 @@ def leak_check(
             from vlite.diagnostics.targets.watch import WatchTarget
 
             target = WatchTarget(connect_or_fail(url, server_kind, api_key), interval_s=interval or 1.0,
-                                 duration_s=duration, stuck_after_s=stuck_after, server_pid=server_pid)
+                                 duration_s=duration, stuck_after_s=stuck_after, server_pid=server_pid,
+                                 server_log=server_log)
         sys.exit(run_target(target, TargetPlan(), console, report))
     if from_log is not None:
         from vlite.diagnostics.targets.from_log import LogTarget
