@@ -169,7 +169,12 @@ def leak_check(
                                           help="Judge a range a Prometheus server holds (its URL); with --job, --since."),
     job: str | None = typer.Option(None, "--job", rich_help_panel=PANEL_PROM, help="--prometheus: the scrape job of the inference server."),
     since: str = typer.Option("6h", "--since", rich_help_panel=PANEL_PROM, help="--prometheus: how far back, e.g. 90s, 30m, 6h, 2d."),
-    instance: str | None = typer.Option(None, "--instance", rich_help_panel=PANEL_PROM, help="--prometheus: the job's instance, when it has several."),
+    instance: str | None = typer.Option(None, "--instance", rich_help_panel=PANEL_PROM,
+                                        help="--prometheus: judge only this replica (default: every replica of the "
+                                             "job, a verdict each, never an average)."),
+    instance_label: str = typer.Option("instance", "--instance-label", rich_help_panel=PANEL_PROM,
+                                       help="--prometheus: the label that tells the job's replicas apart (instance, "
+                                            "or e.g. pod on Kubernetes)."),
     trace_allocations: bool = typer.Option(False, "--trace-allocations", rich_help_panel=PANEL_INPROC,
                                            help="In process: trace Python allocations over the replay (tracemalloc) "
                                                 "and name the sites that kept growing between the idle points "
@@ -222,7 +227,8 @@ def leak_check(
     if not (watch or prometheus):  # their options alone would start a full replay instead
         given = [flag for flag, value, default in (("--duration", duration, None), ("--interval", interval, None),
                                                    ("--stuck-after", stuck_after, 300.0), ("--job", job, None),
-                                                   ("--since", since, "6h"), ("--instance", instance, None))
+                                                   ("--since", since, "6h"), ("--instance", instance, None),
+                                                   ("--instance-label", instance_label, "instance"))
                  if value != default]
         if given:
             common.fail(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --watch or --prometheus; add one of them (or drop "
@@ -243,7 +249,7 @@ def leak_check(
 
             try:
                 target = PrometheusTarget(prometheus, job, since, instance=instance, server_kind=server_kind,
-                                          step_s=interval, stuck_after_s=stuck_after)
+                                          step_s=interval, stuck_after_s=stuck_after, label=instance_label)
             except ValueError as exc:
                 common.fail(str(exc))
         else:

@@ -95,6 +95,7 @@ class WatchResult:
     info: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     memory_test: dict | None = None
+    instances: list[dict] | None = None  # a fleet judged replica by replica (prometheus_range.judge_fleet)
 
     @property
     def exit_code(self) -> int:
