@@ -111,3 +111,16 @@ def test_blackbox_target_reports_empty_output_after_the_storm(emptying):
     assert run.verdict == "EMPTY-OUTPUT" and run.exit_code == 1, run.summary
     after = run.result.storm["canary_after"]
     assert after["status"] == 200 and after["completion_tokens"] == 0 and after["text"] == ""
+
+
+def test_vlite_serve_target_reports_empty_output_after_the_storm(emptying):
+    """``--url`` against vlite serve (the ledger target, not the black box) runs the storm checks too."""
+    from vlite.diagnostics.targets.base import TargetPlan
+    from vlite.diagnostics.targets.http import HttpTarget
+    from vlite.diagnostics.workload.sources import synthetic_workload
+
+    specs = synthetic_workload(4, input_len=(8, 16), output_len=(4, 8), seed=5, prefix="eh")
+    run = HttpTarget(emptying.base_url, storm_requests=16).run(TargetPlan(specs=specs, max_concurrency=2, idle_every=2))
+    assert run.verdict == "EMPTY-OUTPUT" and run.exit_code == 1, run.summary
+    assert run.summary.startswith("EMPTY-OUTPUT: the greedy canary returned HTTP 200 with zero tokens")
+    assert run.result.findings.storm["wedge"]["completed"]

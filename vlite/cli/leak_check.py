@@ -50,7 +50,7 @@ Verdicts and exit codes:
   1    ZOMBIE        requests outlived their clients
   1    HOST-LEAK     host memory keeps growing past warm-up
   1    WEDGED        after an abort storm /health says 200 but a plain request
-                     does not complete (black box: --storm-requests)
+                     does not complete (--url: --storm-requests)
   1    EMPTY-OUTPUT  after an abort storm the greedy canary gets HTTP 200 with
                      zero tokens
   1    OUTPUT-DRIFT  after an abort storm the greedy canary's text changed
@@ -183,11 +183,11 @@ def leak_check(
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
     storm_requests: int = typer.Option(32, "--storm-requests", rich_help_panel=PANEL_URL, min=0,
-                                       help="Black-box: streamed requests of the abort storm after the waves, all "
+                                       help="With --url: streamed requests of the abort storm after the replay, all "
                                             "cut at once; then the wedge probe (WEDGED) and the greedy output "
                                             "canary run before any abort (EMPTY-OUTPUT, OUTPUT-DRIFT). 0 = none."),
     wedge_timeout_s: float | None = typer.Option(None, "--wedge-timeout-s", rich_help_panel=PANEL_URL, min=0.1,
-                                                 help="Black-box: seconds a plain request may take after the abort "
+                                                 help="With --url: seconds a plain request may take after the abort "
                                                       "storm before the server is WEDGED (default: max(5, 10 x its "
                                                       "slowest run before any abort))."),
 ) -> None:
@@ -304,7 +304,7 @@ def leak_check(
         else:
             from vlite.diagnostics.targets.http import HttpTarget
 
-            target = HttpTarget(url)
+            target = HttpTarget(url, storm_requests=storm_requests, wedge_timeout_s=wedge_timeout_s)
     else:
         from vlite.diagnostics.targets.inprocess import InProcessTarget
         from vlite.diagnostics.workload.all_paths import suggest_num_blocks

@@ -96,6 +96,8 @@ class Findings:
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
     # Issue 42: /metrics families whose series count grows with requests served (cardinality.py)
     cardinality: dict | None = None
+    # Issue 43: the wedge probe and output canary after an abort storm (targets/storm.py, --url)
+    storm: dict | None = None
 
     @property
     def host_leak(self) -> bool:
@@ -145,6 +147,8 @@ class Findings:
         check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
             return "INTERRUPTED"
+        if self.storm and self.storm.get("verdict"):  # WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (checks/storm.py)
+            return self.storm["verdict"]
         if self.leak:
             return "LEAK"
         if self.host_leak:
@@ -205,6 +209,8 @@ class Findings:
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
                     f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
+        if self.storm and self.storm.get("verdict"):
+            return self.storm["summary"]
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]
             what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
