@@ -92,4 +92,4 @@ def test_instance_label_needs_prometheus():
     from vlite.cli.main import app
 
     res = CliRunner().invoke(app, ["leak-check", "--instance-label", "pod"])
-    assert res.exit_code == 2 and "--instance-label" in res.output
+    assert res.exit_code == 2 and "--instance-label applies to --watch or --prometheus" in res.output

@@ -174,6 +174,8 @@ def judge_after(client: httpx.Client, base: str, before: dict, bound_s: float, s
     wedge = wedge_probe(client, base, bound_s, headers=headers, body=body)
     after = None if wedge["verdict"] else canary(client, base, headers=headers, body=body, timeout_s=max(bound_s, 30))
     cv, creason = judge_canary(before["canary"], after)
+    if after is None:
+        creason = "not run after the storm: the server did not answer the wedge probe"
     verdict = worst([wedge["verdict"], cv])
     summary = None
     if verdict == "WEDGED":
@@ -197,7 +199,9 @@ def lines(s: dict | None) -> list[str]:
         out.append("abort storm: the run's own client aborts (the server stopped draining after them)")
     w = s["wedge"]
     out.append(f"{'WEDGED' if w['verdict'] else 'ok'}: wedge probe: {w['reason']}; /health {w['health_status']}")
-    out.append(f"{s['canary_verdict'] or 'ok'}: output canary: {s['canary_reason']}")
+    state = s["canary_verdict"] or ("ok" if s.get("canary_after") and "not judged" not in s["canary_reason"]
+                                    else "skipped")
+    out.append(f"{state}: output canary: {s['canary_reason']}")
     return out
 
 
