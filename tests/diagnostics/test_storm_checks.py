@@ -124,3 +124,14 @@ def test_vlite_serve_target_reports_empty_output_after_the_storm(emptying):
     assert run.verdict == "EMPTY-OUTPUT" and run.exit_code == 1, run.summary
     assert run.summary.startswith("EMPTY-OUTPUT: the greedy canary returned HTTP 200 with zero tokens")
     assert run.result.findings.storm["wedge"]["completed"]
+
+
+def test_storm_options_need_url():
+    from typer.testing import CliRunner
+
+    from vlite.cli.main import app
+
+    res = CliRunner().invoke(app, ["leak-check", "--storm-requests", "8"])
+    assert res.exit_code == 2 and "--storm-requests and --wedge-timeout-s apply to a server's replay" in res.output
+    res = CliRunner().invoke(app, ["leak-check", "--from-log", "x.log", "--wedge-timeout-s", "3"])
+    assert res.exit_code == 2 and "add --url" in res.output

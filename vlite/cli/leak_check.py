@@ -142,7 +142,9 @@ def leak_check(
     bisect_budget: float = typer.Option(60.0, "--bisect-budget", rich_help_panel=PANEL_URL, min=0.0,
                                         help="Black-box: seconds for bisecting the leaking requests."),
     from_log: Path | None = typer.Option(None, "--from-log", rich_help_panel=PANEL_LOG,  # noqa: B008 (Typer's option style)
-                                         help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log."),
+                                         help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log, and the "
+                                              "servers' own abort, zombie and leak messages (vLLM, SGLang, "
+                                              "TensorRT-LLM, llama.cpp)."),
     zombie_threshold_s: float = typer.Option(1.0, "--zombie-threshold-s", rich_help_panel=PANEL_URL, min=0.0,
                                              help="Where no engine step is known: a request outliving its client "
                                                   "by more than max(this, 3 x the run's p99 inter-token latency) "
@@ -210,6 +212,8 @@ def leak_check(
             common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
     if not url and not prometheus and (blackbox or api_key or server_pid or server_kind != "auto"):
         common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
+    if not url and (storm_requests != 32 or wedge_timeout_s is not None):
+        common.fail("--storm-requests and --wedge-timeout-s apply to a server's replay: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
     if trace_allocations and (url or watch or prometheus or from_log is not None or scenario):
