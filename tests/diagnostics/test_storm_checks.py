@@ -58,6 +58,26 @@ def test_canary_verdicts():
     assert worst([None, "OUTPUT-DRIFT", "WEDGED"]) == "WEDGED" and worst([None]) is None
 
 
+def test_a_storm_verdict_replaces_clean_but_stays_beside_a_leak():
+    from types import SimpleNamespace
+
+    from vlite.diagnostics.targets.storm import apply_to
+
+    wedged = {"verdict": "WEDGED", "summary": "WEDGED: /health answers 200 but ..."}
+    clean = SimpleNamespace(verdict="CLEAN", summary="CLEAN: ...", notes=[])
+    apply_to(clean, wedged)
+    assert clean.verdict == "WEDGED" and clean.summary == wedged["summary"] and clean.storm is wedged
+    leak = SimpleNamespace(verdict="LEAK", summary="LEAK: 3 blocks", notes=[])
+    apply_to(leak, wedged)
+    assert leak.verdict == "LEAK" and leak.summary == "LEAK: 3 blocks; after the abort storm: WEDGED: /health answers 200 but ..."
+    zombie = SimpleNamespace(verdict="ZOMBIE", summary="ZOMBIE: x", notes=[])
+    apply_to(zombie, {"verdict": "EMPTY-OUTPUT", "summary": "EMPTY-OUTPUT: y"})
+    assert zombie.verdict == "EMPTY-OUTPUT" and zombie.notes == ["before the storm checks: ZOMBIE: x"]
+    ok = SimpleNamespace(verdict="CLEAN", summary="CLEAN: ...", notes=[])
+    apply_to(ok, {"verdict": None, "summary": None})
+    assert ok.verdict == "CLEAN" and ok.summary == "CLEAN: ..."
+
+
 # -- real servers --------------------------------------------------------------------------------------
 @pytest.fixture
 def healthy(tiny_model_dir, tmp_path):

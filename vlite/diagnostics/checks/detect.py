@@ -147,10 +147,10 @@ class Findings:
         check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
             return "INTERRUPTED"
+        if self.leak:  # a storm verdict beside a leak is named in its summary (the leak is the cause to fix)
+            return "LEAK"
         if self.storm and self.storm.get("verdict"):  # WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (checks/storm.py)
             return self.storm["verdict"]
-        if self.leak:
-            return "LEAK"
         if self.host_leak:
             return "HOST-LEAK"
         return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
@@ -194,6 +194,8 @@ class Findings:
 
         line = self._verdict_summary()
         verdict = self.verdict
+        if verdict == "LEAK" and self.storm and self.storm.get("verdict"):
+            line = f"{line}; after the abort storm: {self.storm['summary']}"
         words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
                                                                                   "INCONCLUSIVE") else None
         if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
@@ -209,7 +211,7 @@ class Findings:
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
                     f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
-        if self.storm and self.storm.get("verdict"):
+        if self.storm and self.storm.get("verdict") and not self.leak:
             return self.storm["summary"]
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]

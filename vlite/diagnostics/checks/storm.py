@@ -18,9 +18,10 @@ measures, over one server URL):
   (TensorRT-LLM PR #15018: orphaned blocks reused, HTTP 200 with no token while the KV
   accounting looked healthy); a different text is OUTPUT-DRIFT.
 
-Verdicts: WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (exit 1, like LEAK). They outrank LEAK and
-ZOMBIE in a run's verdict (a server that no longer serves, or serves wrong output, is the
-worse finding); the verdict they replace stays in the notes.
+Verdicts: WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (exit 1, like LEAK). They replace a CLEAN,
+ZOMBIE or INCONCLUSIVE verdict (the one replaced stays in the notes); beside a LEAK, the cause to
+fix (a leak that fills the pool wedges the server), the verdict stays LEAK and its summary adds
+"after the abort storm: WEDGED: ...".
 """
 
 from __future__ import annotations

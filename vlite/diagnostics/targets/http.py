@@ -336,7 +336,8 @@ class HttpTarget:
 
     def _storm_checks(self, run: RunResult, before: dict, plan: TargetPlan) -> None:
         """The abort storm, the wedge probe and the output canary (``storm.py``) after the replay;
-        a storm verdict becomes the run's (``Findings.verdict``), the one it replaces a note."""
+        a storm verdict becomes the run's unless it found a LEAK (``Findings.verdict``), the one it
+        replaces a note."""
         from vlite.diagnostics.checks.storm import wedge_bound
         from vlite.diagnostics.targets import storm
 
@@ -347,6 +348,6 @@ class HttpTarget:
         sent = asyncio.run(storm.abort_storm(base, self.storm_requests))
         with httpx.Client() as client:
             s = storm.judge_after(client, base, before, bound, sent)
-        if s["verdict"] and run.findings.verdict != "CLEAN":
+        if s["verdict"] and run.findings.verdict not in ("CLEAN", "LEAK"):
             run.findings.notes.append(f"before the storm checks: {run.findings.summary(caveat=False)}")
         run.findings.storm = s

@@ -206,10 +206,15 @@ def lines(s: dict | None) -> list[str]:
 
 
 def apply_to(res, s: dict) -> None:
-    """Fold the storm checks into a ``BlackboxResult``: a storm verdict replaces CLEAN, LEAK,
-    ZOMBIE or INCONCLUSIVE (the replaced summary goes to the notes); none leaves it as it is."""
+    """Fold the storm checks into a ``BlackboxResult``: a storm verdict replaces CLEAN, ZOMBIE or
+    INCONCLUSIVE (the replaced summary goes to the notes); beside a LEAK, the cause to fix, it is
+    added to the LEAK's summary; none leaves the result as it is."""
     res.storm = s
-    if s["verdict"]:
-        if res.verdict != "CLEAN":
-            res.notes.append(f"before the storm checks: {res.summary}")
-        res.verdict, res.summary = s["verdict"], s["summary"]
+    if not s["verdict"]:
+        return
+    if res.verdict == "LEAK":
+        res.summary = f"{res.summary}; after the abort storm: {s['summary']}"
+        return
+    if res.verdict != "CLEAN":
+        res.notes.append(f"before the storm checks: {res.summary}")
+    res.verdict, res.summary = s["verdict"], s["summary"]
