@@ -490,14 +490,12 @@ class BlackboxTarget:
         storm), the wedge probe and the output canary, folded into ``res`` (``storm.apply_to``)."""
         from vlite.diagnostics.checks.storm import wedge_bound
         from vlite.diagnostics.targets import storm
-        from vlite.diagnostics.targets.zombie_blackbox import _max_model_len
 
         conn = self.conn
         bound = wedge_bound(before["probe_latencies_s"], override_s=self.wedge_timeout_s)
         sent = None
         if res.drained:
-            limit = _max_model_len(conn)
-            max_tokens = min(storm.STORM_MAX_TOKENS, max(16, limit - 64)) if limit else storm.STORM_MAX_TOKENS
+            max_tokens = storm.fit_max_tokens(conn.client, conn.base, conn.headers)
             plan.on_line(f"abort storm: {self.storm_requests} streamed requests at once, all cut together; then "
                          f"the wedge probe (bound {bound:.3g} s) and the output canary")
             sent = asyncio.run(storm.abort_storm(conn.base, self.storm_requests, headers=conn.headers,

@@ -345,8 +345,9 @@ class HttpTarget:
         bound = wedge_bound(before["probe_latencies_s"], override_s=self.wedge_timeout_s)
         plan.on_line(f"abort storm: {self.storm_requests} streamed requests at once, all cut together; then the "
                      f"wedge probe (bound {bound:.3g} s) and the output canary")
-        sent = asyncio.run(storm.abort_storm(base, self.storm_requests))
         with httpx.Client() as client:
+            max_tokens = storm.fit_max_tokens(client, base)
+            sent = asyncio.run(storm.abort_storm(base, self.storm_requests, max_tokens=max_tokens))
             s = storm.judge_after(client, base, before, bound, sent)
         if s["verdict"] and run.findings.verdict not in ("CLEAN", "LEAK"):
             run.findings.notes.append(f"before the storm checks: {run.findings.summary(caveat=False)}")

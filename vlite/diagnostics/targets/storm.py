@@ -131,6 +131,18 @@ async def abort_storm(base: str, n: int, *, headers: dict | None = None, body: d
     return {"sent": n, "streamed": len(streamed), "finished": len(finished), "held_s": round(held, 3)}
 
 
+def fit_max_tokens(client: httpx.Client, base: str, headers: dict | None = None,
+                   max_tokens: int = STORM_MAX_TOKENS) -> int:
+    """``max_tokens`` capped at the server's ``max_model_len`` less 64 prompt tokens (from
+    ``GET /v1/models``, which vLLM and vlite fill; unchanged where it says nothing), at least 16."""
+    try:
+        data = client.get(f"{base}/v1/models", headers=headers or {}, timeout=10).json().get("data") or []
+        limit = int(data[0]["max_model_len"]) if data and data[0].get("max_model_len") else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        limit = None
+    return max_tokens if limit is None else max(16, min(max_tokens, limit - 64))
+
+
 def storm_check(base_url: str, *, headers: dict | None = None, body: dict | None = None,
                 storm_requests: int = DEFAULT_STORM_REQUESTS, wedge_timeout_s: float | None = None,
                 max_tokens: int = STORM_MAX_TOKENS, before: dict | None = None) -> dict:
@@ -153,6 +165,7 @@ def storm_check(base_url: str, *, headers: dict | None = None, body: dict | None
     base = base_url.rstrip("/")
     with httpx.Client() as client:
         before = before or measure_before(client, base, headers=headers, body=body)
+        max_tokens = fit_max_tokens(client, base, headers, max_tokens)
         storm = asyncio.run(abort_storm(base, storm_requests, headers=headers, body=body, max_tokens=max_tokens))
         bound = wedge_bound(before["probe_latencies_s"], override_s=wedge_timeout_s)
         return judge_after(client, base, before, bound, storm, headers=headers, body=body)
