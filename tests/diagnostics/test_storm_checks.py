@@ -78,6 +78,20 @@ def test_a_storm_verdict_replaces_clean_but_stays_beside_a_leak():
     assert ok.verdict == "CLEAN" and ok.summary == "CLEAN: ..."
 
 
+def test_storm_max_tokens_fit_the_servers_context():
+    from vlite.diagnostics.targets.storm import fit_max_tokens
+
+    def client(models: dict | None) -> httpx.Client:
+        return httpx.Client(transport=httpx.MockTransport(
+            lambda req: httpx.Response(200, json=models) if models is not None else httpx.Response(404)))
+
+    assert fit_max_tokens(client({"data": [{"id": "m", "max_model_len": 128}]}), "http://s") == 64
+    assert fit_max_tokens(client({"data": [{"id": "m", "max_model_len": 4096}]}), "http://s") == 256
+    assert fit_max_tokens(client({"data": [{"id": "m", "max_model_len": 40}]}), "http://s") == 16
+    assert fit_max_tokens(client({"data": [{"id": "m"}]}), "http://s") == 256  # llama.cpp, SGLang: unknown
+    assert fit_max_tokens(client(None), "http://s") == 256
+
+
 # -- real servers --------------------------------------------------------------------------------------
 @pytest.fixture
 def healthy(tiny_model_dir, tmp_path):
