@@ -264,6 +264,8 @@ def write_blackbox_report(res: BlackboxResult, out_dir: Path) -> Path:
         OSError: the directory cannot be created or written.
     """
     plots = {"usage.png": plot_usage, "memory.png": plot_memory, "troughs.png": plot_troughs, "attribution.png": plot_fit}
+    if res.samples.empty:  # a log judged by its server messages alone: nothing over time to plot
+        plots = {}
 
     def write_plots(d: Path) -> list[str]:
         for name, fn in plots.items():
