@@ -169,3 +169,50 @@ def test_storm_options_need_url():
     assert res.exit_code == 2 and "--storm-requests and --wedge-timeout-s apply to a server's replay" in res.output
     res = CliRunner().invoke(app, ["leak-check", "--from-log", "x.log", "--wedge-timeout-s", "3"])
     assert res.exit_code == 2 and "add --url" in res.output
+
+
+def test_a_run_that_never_drains_is_probed_at_once(tmp_path):
+    """A fake vLLM whose gauges show work forever and which answers the 5 requests before the
+    waves (3 probe runs, 2 canaries) but holds every later one 6 s, /health still 200: the run
+    never drains (INCONCLUSIVE), so the wedge probe runs at once, no storm sent, and finds it WEDGED."""
+    import json
+    import threading
+
+    from fake_http import QuietHandler, ServerPool
+
+    from vlite.diagnostics.targets.base import TargetPlan
+    from vlite.diagnostics.targets.blackbox import BlackboxTarget
+    from vlite.diagnostics.targets.connection import connect
+    from vlite.diagnostics.workload.sources import synthetic_workload
+
+    busy = (Path(__file__).parent / "fixtures" / "vllm-0.32.0-cpu-busy.prom").read_text()
+    posts = {"n": 0}
+    lock = threading.Lock()
+
+    class Stuck(QuietHandler):
+        def do_GET(self):  # noqa: N802 - http.server's spelling
+            self.reply(200, busy if self.path == "/metrics" else (b"" if self.path == "/health" else b"{}"))
+
+        def do_POST(self):  # noqa: N802
+            with lock:
+                posts["n"] += 1
+                n = posts["n"]
+            if n > 5:
+                threading.Event().wait(6.0)
+            self.reply(200, json.dumps({"choices": [{"text": " one, two", "finish_reason": "length"}],
+                                        "usage": {"completion_tokens": 4}}), "application/json")
+
+    pool = ServerPool()
+    try:
+        url = pool.start(Stuck)
+        specs = synthetic_workload(2, input_len=(4, 8), output_len=(2, 4), seed=1, prefix="st")
+        target = BlackboxTarget(connect(url), drain_timeout_s=1, bisect_budget_s=0, storm_requests=16,
+                                wedge_timeout_s=2.0)
+        lines: list[str] = []
+        run = target.run(TargetPlan(specs=specs, max_concurrency=2, idle_every=2, on_line=lines.append))
+    finally:
+        pool.close()
+    assert run.verdict == "WEDGED", run.summary
+    assert run.result.storm["storm"] is None and run.result.storm["wedge"]["bound_s"] == 2.0
+    assert any("stopped draining after the waves' client aborts" in line for line in lines)
+    assert any(n.startswith("before the storm checks: INCONCLUSIVE") for n in run.notes)
