@@ -70,10 +70,7 @@ def test_prometheus_errors_are_one_line():
     empty = {"calls": [{"path": "/api/v1/label/instance/values", "body": {"status": "success", "data": []}}]}
     with pytest.raises(PrometheusError, match="holds no series of job 'nope'"):
         judge_range("http://prom", "nope", 60, client=httpx.Client(transport=_transport(empty)))
-    two = {"calls": [{"path": "/api/v1/label/instance/values",
-                      "body": {"status": "success", "data": ["a:1", "b:2"]}}]}
-    with pytest.raises(PrometheusError, match="2 instances .* pick one with --instance"):
-        judge_range("http://prom", "j", 60, client=httpx.Client(transport=_transport(two)))
+    # a job with several instances is judged per instance: test_prometheus_fleet.py
     bad = {"calls": [{"path": "/api/v1/label/instance/values",
                       "body": {"status": "error", "errorType": "bad_data", "error": "parse error"}}]}
     with pytest.raises(PrometheusError, match="bad_data parse error"):

@@ -1,8 +1,8 @@
 """``vlite leak-check``: replay a workload with injected client aborts, sample memory and the
 free list, drain, and report leaked KV blocks (and per-request state) by origin.
 
-Exit codes (``EPILOG``, the end of ``--help``): 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK (or a scenario
-failed), 2 usage error or a target that cannot be reached, 3 INCONCLUSIVE, 4 CLEAN but no client
+Exit codes (``EPILOG``, the end of ``--help``): 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK / WEDGED /
+EMPTY-OUTPUT / OUTPUT-DRIFT (or a scenario failed), 2 usage error or a target that cannot be reached, 3 INCONCLUSIVE, 4 CLEAN but no client
 abort was exercised (while waiting, in prefill or in decode; e.g. ``--abort-rate 0``), 130 INTERRUPTED.
 """
 
@@ -50,6 +50,11 @@ Verdicts and exit codes:
   1    LEAK          blocks or per-request state left after the drain
   1    ZOMBIE        requests outlived their clients
   1    HOST-LEAK     host memory keeps growing past warm-up
+  1    WEDGED        after an abort storm /health says 200 but a plain request
+                     does not complete (--url: --storm-requests)
+  1    EMPTY-OUTPUT  after an abort storm the greedy canary gets HTTP 200 with
+                     zero tokens
+  1    OUTPUT-DRIFT  after an abort storm the greedy canary's text changed
   1    a --scenario failed
   2    usage error, or a target that cannot be reached or read (one line)
   3    INCONCLUSIVE  the server never drained, no KV gauge, no idle stretch,
@@ -140,7 +145,9 @@ def leak_check(
     bisect_budget: float = typer.Option(60.0, "--bisect-budget", rich_help_panel=PANEL_URL, min=0.0,
                                         help="Black-box: seconds for bisecting the leaking requests."),
     from_log: Path | None = typer.Option(None, "--from-log", rich_help_panel=PANEL_LOG,  # noqa: B008 (Typer's option style)
-                                         help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log."),
+                                         help="Post-mortem: read vLLM's or vlite's periodic stats lines from a log, and the "
+                                              "servers' own abort, zombie and leak messages (vLLM, SGLang, "
+                                              "TensorRT-LLM, llama.cpp)."),
     zombie_threshold_s: float = typer.Option(1.0, "--zombie-threshold-s", rich_help_panel=PANEL_URL, min=0.0,
                                              help="Where no engine step is known: a request outliving its client "
                                                   "by more than max(this, 3 x the run's p99 inter-token latency) "
@@ -159,11 +166,20 @@ def leak_check(
     stuck_after: float = typer.Option(300.0, "--stuck-after", rich_help_panel=PANEL_WATCH, min=0.1,
                                       help="--watch/--prometheus: a running gauge above 0 this long with no request "
                                            "finished or aborted is flagged (seconds)."),
+    server_log: Path | None = typer.Option(None, "--server-log", rich_help_panel=PANEL_WATCH,  # noqa: B008
+                                           help="--watch: follow the server's log file (from its end) and alert on "
+                                                "the servers' own messages about aborts, zombies and leaked KV "
+                                                "(vLLM, SGLang, TensorRT-LLM, llama.cpp; docs/leak-check.md)."),
     prometheus: str | None = typer.Option(None, "--prometheus", rich_help_panel=PANEL_PROM,
                                           help="Judge a range a Prometheus server holds (its URL); with --job, --since."),
     job: str | None = typer.Option(None, "--job", rich_help_panel=PANEL_PROM, help="--prometheus: the scrape job of the inference server."),
     since: str = typer.Option("6h", "--since", rich_help_panel=PANEL_PROM, help="--prometheus: how far back, e.g. 90s, 30m, 6h, 2d."),
-    instance: str | None = typer.Option(None, "--instance", rich_help_panel=PANEL_PROM, help="--prometheus: the job's instance, when it has several."),
+    instance: str | None = typer.Option(None, "--instance", rich_help_panel=PANEL_PROM,
+                                        help="--prometheus: judge only this replica (default: every replica of the "
+                                             "job, a verdict each, never an average)."),
+    instance_label: str = typer.Option("instance", "--instance-label", rich_help_panel=PANEL_PROM,
+                                       help="--prometheus: the label that tells the job's replicas apart (instance, "
+                                            "or e.g. pod on Kubernetes)."),
     trace_allocations: bool = typer.Option(False, "--trace-allocations", rich_help_panel=PANEL_INPROC,
                                            help="In process: trace Python allocations over the replay (tracemalloc) "
                                                 "and name the sites that kept growing between the idle points "
@@ -187,10 +203,18 @@ def leak_check(
     probes_per_replica: int = typer.Option(2, "--probes-per-replica", rich_help_panel=PANEL_FLEET, min=1,
                                            help="With --replica: early-leaving clients each replica must serve "
                                                 "through the router, one at a time."),
+    storm_requests: int = typer.Option(32, "--storm-requests", rich_help_panel=PANEL_URL, min=0,
+                                       help="With --url: streamed requests of the abort storm after the replay, all "
+                                            "cut at once; then the wedge probe (WEDGED) and the greedy output "
+                                            "canary run before any abort (EMPTY-OUTPUT, OUTPUT-DRIFT). 0 = none."),
+    wedge_timeout_s: float | None = typer.Option(None, "--wedge-timeout-s", rich_help_panel=PANEL_URL, min=0.1,
+                                                 help="With --url: seconds a plain request may take after the abort "
+                                                      "storm before the server is WEDGED (default: max(5, 10 x its "
+                                                      "slowest run before any abort))."),
 ) -> None:
     """Find KV-cache leaks: replay a workload with client aborts, drain, and name the origin of every block left.
 
-    Exit 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK, 4 CLEAN with no client abort exercised; every verdict,
+    Exit 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK / WEDGED / EMPTY-OUTPUT / OUTPUT-DRIFT, 4 CLEAN with no client abort exercised; every verdict,
     exit code and an example per mode are at the end of this help.
     """
     from vlite.cli.leak_check_target import connect_or_fail, run_target
@@ -207,6 +231,8 @@ def leak_check(
             common.fail(f"unknown --inject-fault {f!r}; known faults: {', '.join(FAULTS)}")
     if not url and not prometheus and (blackbox or api_key or server_pid or server_kind != "auto"):
         common.fail("--blackbox, --api-key, --server-pid and --server-kind apply to a server: add --url")
+    if not url and (storm_requests != 32 or wedge_timeout_s is not None):
+        common.fail("--storm-requests and --wedge-timeout-s apply to a server's replay: add --url")
     if url and scenario:
         common.fail("--scenario runs in process; it cannot be combined with --url")
     if trace_allocations and (url or watch or prometheus or from_log is not None or scenario):
@@ -224,10 +250,14 @@ def leak_check(
     t_start = time.time()
     if report is not None:
         _check_writable(report)
+    if server_log is not None and not watch:
+        common.fail("--server-log follows a live server's log during --watch; add --watch (or read a log "
+                    "after the fact with --from-log)")
     if not (watch or prometheus):  # their options alone would start a full replay instead
         given = [flag for flag, value, default in (("--duration", duration, None), ("--interval", interval, None),
                                                    ("--stuck-after", stuck_after, 300.0), ("--job", job, None),
-                                                   ("--since", since, "6h"), ("--instance", instance, None))
+                                                   ("--since", since, "6h"), ("--instance", instance, None),
+                                                   ("--instance-label", instance_label, "instance"))
                  if value != default]
         if given:
             common.fail(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --watch or --prometheus; add one of them (or drop "
@@ -241,19 +271,22 @@ def leak_check(
             common.fail("--watch scrapes a live server (--url), --prometheus reads a stored range: pick one")
         if watch and not url:
             common.fail("--watch needs --url (the server to watch)")
+        if server_log is not None and not server_log.is_file():
+            common.fail(f"--server-log {server_log}: no such file (give the log file the server writes)")
         if prometheus:
             from vlite.diagnostics.targets.prometheus_range import PrometheusTarget
 
             try:
                 target = PrometheusTarget(prometheus, job, since, instance=instance, server_kind=server_kind,
-                                          step_s=interval, stuck_after_s=stuck_after)
+                                          step_s=interval, stuck_after_s=stuck_after, label=instance_label)
             except ValueError as exc:
                 common.fail(str(exc))
         else:
             from vlite.diagnostics.targets.watch import WatchTarget
 
             target = WatchTarget(connect_or_fail(url, server_kind, api_key), interval_s=interval or 1.0,
-                                 duration_s=duration, stuck_after_s=stuck_after, server_pid=server_pid)
+                                 duration_s=duration, stuck_after_s=stuck_after, server_pid=server_pid,
+                                 server_log=server_log)
         sys.exit(run_target(target, TargetPlan(), console, report))
     if from_log is not None:
         from vlite.diagnostics.targets.from_log import LogTarget
@@ -315,11 +348,12 @@ def leak_check(
             from vlite.diagnostics.targets.blackbox import BlackboxTarget
 
             target = BlackboxTarget(conn, url=url, drain_timeout_s=drain_timeout, bisect_budget_s=bisect_budget,
-                                    server_pid=server_pid, zombie_max_tokens=zombie_max_tokens)
+                                    server_pid=server_pid, zombie_max_tokens=zombie_max_tokens,
+                                    storm_requests=storm_requests, wedge_timeout_s=wedge_timeout_s)
         else:
             from vlite.diagnostics.targets.http import HttpTarget
 
-            target = HttpTarget(url)
+            target = HttpTarget(url, storm_requests=storm_requests, wedge_timeout_s=wedge_timeout_s)
     else:
         from vlite.diagnostics.targets.inprocess import InProcessTarget
         from vlite.diagnostics.workload.all_paths import suggest_num_blocks

@@ -2,7 +2,7 @@
 (``vlite/diagnostics/targets/base.py``), then prints and writes the report of the ``TargetRun``
 (``vlite/diagnostics/report/target_report.py``). ``leak_check.py`` builds the target from the options.
 
-Exit codes: 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK, 2 usage error or a target that cannot be reached
+Exit codes: 0 CLEAN, 1 LEAK / ZOMBIE / HOST-LEAK / WEDGED / EMPTY-OUTPUT / OUTPUT-DRIFT, 2 usage error or a target that cannot be reached
 or read (one line on stderr), 3 INCONCLUSIVE, 130 INTERRUPTED.
 """
 

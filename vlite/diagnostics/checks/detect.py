@@ -98,6 +98,8 @@ class Findings:
     cardinality: dict | None = None
     # Issue 42: CUDA allocation sites whose live bytes grew (targets/gpu_alloc_trace.py); names, never judges
     gpu_allocations: dict | None = None
+    # Issue 43: the wedge probe and output canary after an abort storm (targets/storm.py, --url)
+    storm: dict | None = None
 
     @property
     def host_leak(self) -> bool:
@@ -147,8 +149,10 @@ class Findings:
         check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
             return "INTERRUPTED"
-        if self.leak:
+        if self.leak:  # a storm verdict beside a leak is named in its summary (the leak is the cause to fix)
             return "LEAK"
+        if self.storm and self.storm.get("verdict"):  # WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (checks/storm.py)
+            return self.storm["verdict"]
         if self.host_leak:
             return "HOST-LEAK"
         return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
@@ -192,6 +196,8 @@ class Findings:
 
         line = self._verdict_summary()
         verdict = self.verdict
+        if verdict == "LEAK" and self.storm and self.storm.get("verdict"):
+            line = f"{line}; after the abort storm: {self.storm['summary']}"
         words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
                                                                                   "INCONCLUSIVE") else None
         if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
@@ -207,6 +213,8 @@ class Findings:
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
                     f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
+        if self.storm and self.storm.get("verdict") and not self.leak:
+            return self.storm["summary"]
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]
             hm = self.host_memory

@@ -22,6 +22,7 @@ from rich.markup import escape
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
+from vlite.diagnostics.targets.storm import lines as storm_lines
 from vlite.diagnostics.targets.zombie_blackbox import lines as zombie_lines
 
 MIB = 1 << 20
@@ -38,7 +39,8 @@ def _fmt_trend(t) -> str:
 
 def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
-    color = {"CLEAN": "green", "LEAK": "red", "ZOMBIE": "red", "INCONCLUSIVE": "yellow"}[res.verdict]
+    color = {"CLEAN": "green", "LEAK": "red", "ZOMBIE": "red", "INCONCLUSIVE": "yellow", "WEDGED": "red",
+             "EMPTY-OUTPUT": "red", "OUTPUT-DRIFT": "red"}[res.verdict]
     console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
 
 
@@ -62,6 +64,8 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
         console.print(_fmt_trend(t), highlight=False)
     for line in zombie_lines(res.zombies):
         console.print(f"zombie check: {line}", highlight=False)
+    for line in storm_lines(res.storm):
+        console.print(f"storm check: {line}", highlight=False)
     for n in res.notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
 
@@ -87,7 +91,7 @@ def report_dict(res: BlackboxResult) -> dict:
             "cardinality": res.cardinality,  # /metrics series per family (checks/cardinality.py)
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
-            "zombies": res.zombies, "process_tree": res.process_tree, "notes": res.notes,
+            "zombies": res.zombies, "storm": res.storm, "process_tree": res.process_tree, "notes": res.notes,
             "client": {"outcomes": outcomes, "requests": [asdict(r) for r in res.replay.requests]},
             "idle_points": [asdict(p) | {"kv_used": p.num_used_blocks} for p in res.replay.idle_points]}
 
@@ -158,6 +162,9 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
                 "\n" + "\n".join(f"- {line}" for line in zombie_lines(z)) + "\n"]
         for a in z["zombies"]:
             out += [f"\nReproducer ({a['client_action']}):\n\n```\n{a['reproducer']}\n```\n"]
+    if res.storm:
+        out += ["\n## After the abort storm (wedge probe, output canary)\n",
+                "\n".join(f"- {line}" for line in storm_lines(res.storm)) + "\n"]
     if res.process_tree:
         out += ["\n## Server process tree (last sample)\n",
                 md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]
@@ -257,6 +264,8 @@ def write_blackbox_report(res: BlackboxResult, out_dir: Path) -> Path:
         OSError: the directory cannot be created or written.
     """
     plots = {"usage.png": plot_usage, "memory.png": plot_memory, "troughs.png": plot_troughs, "attribution.png": plot_fit}
+    if res.samples.empty:  # a log judged by its server messages alone: nothing over time to plot
+        plots = {}
 
     def write_plots(d: Path) -> list[str]:
         for name, fn in plots.items():

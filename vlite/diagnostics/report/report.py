@@ -33,7 +33,7 @@ def print_verdict(findings, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
     verdict = f.verdict
-    color = "red" if verdict in ("LEAK", "HOST-LEAK") else "green" if verdict == "CLEAN" else "yellow"
+    color = "red" if verdict in ("LEAK", "HOST-LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT") else "green" if verdict == "CLEAN" else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 
@@ -86,9 +86,11 @@ def extra_lines(f) -> list[str]:
     """Coverage, zombie and registry lines (console and report.md)."""
     from vlite.diagnostics.checks import coverage, host_memory, zombie
     from vlite.diagnostics.targets import gpu_alloc_trace
+    from vlite.diagnostics.targets.storm import lines as storm_lines
 
     out = coverage.lines(f.coverage) + zombie.lines(f.zombies) + host_memory.lines(f.host_memory)
     out += gpu_alloc_trace.lines(getattr(f, "gpu_allocations", None))
+    out += [f"storm check: {line}" for line in storm_lines(getattr(f, "storm", None))]
     if f.registries:
         out.append(f"registries checked at idle: {len(f.registries['checked'])} "
                    f"({', '.join(f.registries['checked'])}); not empty: {len(f.registries['leftover'])}")

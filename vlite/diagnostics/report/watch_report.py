@@ -18,7 +18,10 @@ _COLOR = {"CLEAN": "green", "INCONCLUSIVE": "yellow"}  # every other verdict red
 
 
 def print_watch(res: WatchResult, console: Console) -> None:
-    """The notes (the idle points and alerts were printed as they came)."""
+    """A fleet's verdict per replica, then the notes (the idle points and alerts were printed as they came)."""
+    for row in res.instances or []:
+        color = _COLOR.get(row["verdict"], "red")
+        console.print(f"replica {escape(row['instance'])}: [{color}]{escape(row['summary'])}[/]", highlight=False)
     for n in res.notes:
         console.print(f"[yellow]note:[/] {escape(n)}", highlight=False)
 
@@ -37,6 +40,9 @@ def report_markdown(res: WatchResult) -> str:
     out = [f"# vlite leak-check --watch report ({res.server_kind})\n",
            f"**{res.verdict}**: {res.summary.split(': ', 1)[-1]}\n", "## Run\n",
            md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
+           *(["\n## Replicas (a verdict each)\n",
+               md_table(res.instances, ("instance", "verdict", "idle_points", "kv_total", "summary"), 200)]
+             if res.instances else []),
            "\n## Alerts\n", md_table(alerts, ("flag", "time", "idle_point", "message")) if alerts else "_none_\n",
            "\n## Natural idle points (running == waiting == 0)\n",
            md_table(pts, ("index", "time", "kv_used", "requests_served", "memory_bytes", "uncounted"), 200)]
@@ -64,6 +70,7 @@ def write_watch_report(res: WatchResult, out_dir: Path) -> Path:
     """
     body = {"verdict": res.verdict, "summary": res.summary, "server_kind": res.server_kind, "unit": res.unit,
             "run": res.info, "alerts": [asdict(a) for a in res.alerts],
-            "idle_points": [asdict(p) for p in res.idle_points], "memory_test": res.memory_test, "notes": res.notes}
+            "idle_points": [asdict(p) for p in res.idle_points], "memory_test": res.memory_test, "notes": res.notes,
+            "instances": res.instances}
     return write_report_dir(out_dir, body, res.samples, lambda d: [], lambda plots: report_markdown(res),
                             f"vlite leak-check --watch: {res.verdict}")

@@ -157,6 +157,8 @@ class BlackboxResult:
     zombies: dict | None = None  # the zombie check (zombie_blackbox.py), when it ran
     headline_not_exercised: bool = False  # CLEAN, but the waves sent no client abort: exit 4 (base.py)
     cardinality: dict | None = None  # /metrics series per family over the idle points (cardinality.py)
+    drained: bool = True  # every wave drained (False: the server stopped going idle)
+    storm: dict | None = None  # the wedge probe and output canary after the abort storm (storm.py), when run
 
     @property
     def residual(self) -> float | None:
@@ -401,7 +403,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
                           list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort,
-                          cardinality=cardinality)
+                          cardinality=cardinality, drained=drained)
 
 
 class BlackboxTarget:
@@ -416,16 +418,22 @@ class BlackboxTarget:
         bisect_budget_s: seconds for bisecting the leaking requests.
         server_pid: the server's root process (default: the one listening on the port).
         zombie_max_tokens: max_tokens of the zombie check's early leavers (0: no zombie check).
+        storm_requests: requests in the abort storm after the waves, followed by the wedge probe
+            and the output canary (``storm.py``; 0: none of the three).
+        wedge_timeout_s: the wedge probe's bound in seconds (None: from the probe's latencies
+            before any abort, ``checks/storm.wedge_bound``).
     """
 
     kind = "blackbox"
     interruptible = None
 
     def __init__(self, conn: Connection, *, url: str | None = None, drain_timeout_s: float = 60.0,
-                 bisect_budget_s: float = 60.0, server_pid: int | None = None, zombie_max_tokens: int = 0) -> None:
+                 bisect_budget_s: float = 60.0, server_pid: int | None = None, zombie_max_tokens: int = 0,
+                 storm_requests: int = 0, wedge_timeout_s: float | None = None) -> None:
         self.conn, self.url = conn, url
         self.drain_timeout_s, self.bisect_budget_s = drain_timeout_s, bisect_budget_s
         self.server_pid, self.zombie_max_tokens = server_pid, zombie_max_tokens
+        self.storm_requests, self.wedge_timeout_s = storm_requests, wedge_timeout_s
 
     def describe(self) -> str:
         return f"{self.conn.adapter.kind} at {self.conn.base}"
@@ -454,11 +462,18 @@ class BlackboxTarget:
         plan.on_line(f"leak-check (black-box): {n} request{'s' if n != 1 else ''} in {len(waves)} "
                      f"wave{'s' if len(waves) != 1 else ''} against {self.describe()}{bs}{pool}")
         info = dict(plan.info, idle_every=len(waves[0]) if waves else 0)
+        before = None
+        if self.storm_requests:
+            from vlite.diagnostics.targets.storm import PROBE_RUNS, measure_before
+
+            plan.on_line(f"storm checks: the wedge probe's request ({PROBE_RUNS} times) and the output canary "
+                         "(twice) before any client abort")
+            before = measure_before(self.conn.client, self.conn.base, headers=self.conn.headers, body=self.conn.body)
         res = run_blackbox(self.conn, waves, max_concurrency=plan.max_concurrency,
                            drain_timeout_s=self.drain_timeout_s, bisect_budget_s=self.bisect_budget_s,
                            sample_interval_s=plan.sample_interval_s, server_pid=self.server_pid, url=self.url,
                            seed=plan.seed, info=info)
-        if self.zombie_max_tokens and res.verdict != "INCONCLUSIVE":
+        if self.zombie_max_tokens and res.verdict != "INCONCLUSIVE" and res.drained:
             plan.on_line(f"zombie check: one early-leaving request per client action, max_tokens "
                          f"{self.zombie_max_tokens}")
             zopts = plan.zombie_options or {}
@@ -466,4 +481,27 @@ class BlackboxTarget:
                                                 threshold_s=zopts.get("threshold_s", 1.0),
                                                 threshold_steps=zopts.get("threshold_steps", 2),
                                                 drain_timeout_s=self.drain_timeout_s))
+        if before is not None:
+            self._storm_checks(res, before, plan)
         return res.as_target_run(self.kind)
+
+    def _storm_checks(self, res: BlackboxResult, before: dict, plan: TargetPlan) -> None:
+        """The abort storm (unless the waves already stopped the server draining: they were the
+        storm), the wedge probe and the output canary, folded into ``res`` (``storm.apply_to``)."""
+        from vlite.diagnostics.checks.storm import wedge_bound
+        from vlite.diagnostics.targets import storm
+
+        conn = self.conn
+        bound = wedge_bound(before["probe_latencies_s"], override_s=self.wedge_timeout_s)
+        sent = None
+        if res.drained:
+            max_tokens = storm.fit_max_tokens(conn.client, conn.base, conn.headers)
+            plan.on_line(f"abort storm: {self.storm_requests} streamed requests at once, all cut together; then "
+                         f"the wedge probe (bound {bound:.3g} s) and the output canary")
+            sent = asyncio.run(storm.abort_storm(conn.base, self.storm_requests, headers=conn.headers,
+                                                 body=conn.body, max_tokens=max_tokens))
+        else:
+            plan.on_line(f"the server stopped draining after the waves' client aborts: wedge probe (bound "
+                         f"{bound:.3g} s)")
+        storm.apply_to(res, storm.judge_after(conn.client, conn.base, before, bound, sent, headers=conn.headers,
+                                              body=conn.body))

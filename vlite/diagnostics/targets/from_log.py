@@ -15,6 +15,11 @@ verdict: LEAK when the last idle stretch stays above 0 on two lines or more, or 
 (the minimum of each stretch) rise; INCONCLUSIVE (exit 3) when the log has no idle stretch, or ends on
 a single idle line above 0 that nothing confirms; CLEAN otherwise. Lines that look like stats lines
 but do not parse are counted and reported, never fatal.
+
+Every line is also matched against the servers' own messages about aborts, zombies and leaked
+KV (``checks/log_signatures.py``: vLLM, SGLang, TensorRT-LLM, llama.cpp). They are listed in the
+report; a log with no stats line is judged by them alone: LEAK for a leak signature, ZOMBIE for
+a zombie one, else INCONCLUSIVE (evidence, no KV to judge).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from vlite.diagnostics.checks.detect import trough_trend
+from vlite.diagnostics.checks.log_signatures import SignatureCounter, describe, symptom_verdict
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.blackbox import BlackboxResult
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult
@@ -115,6 +121,11 @@ def analyze_log(path: Path) -> BlackboxResult:
     except OSError as exc:
         raise LogError(f"cannot read log {path}: {exc}") from exc
     df, bad, other = parse_log(text)
+    sigs = SignatureCounter()
+    sigs.feed(text.splitlines())
+    hits = sigs.summary()
+    if df.empty and hits:
+        return _signatures_only(path, hits, sigs.lines_read)
     if df.empty:
         raise LogError(f"{path}: no stats line among {len(text.splitlines())} lines ({bad} unparsable); expected "
                        "vLLM's 'Engine 000: Avg prompt throughput: ... Running: N reqs, Waiting: M reqs, "
@@ -167,11 +178,32 @@ def analyze_log(path: Path) -> BlackboxResult:
     replay = ReplayResult([], points, start_time=base_time, end_time=float(samples["time"].iloc[-1]))
     info = {"target": "log", "log": str(path), "server_kind": "+".join(kinds), "unit": unit,
             "stats_lines": len(df), "unparsable_lines": bad, "other_lines": other,
-            "engines": sorted(set(df["engine"])), "idle_stretches": stretches}
+            "engines": sorted(set(df["engine"])), "idle_stretches": stretches, "log_signatures": hits}
+    notes += [f"log signature: {describe(h)}" for h in hits]
     total = float(df["kv_total"].iloc[-1]) if unit == "blocks" else 100.0
     return BlackboxResult(verdict, summary, "+".join(kinds), unit, None, total, 0.0,
                           stretches[-1]["min_used"] if stretches else None, [trend], samples, replay, info,
                           notes=notes, source="log")
+
+
+def _signatures_only(path: Path, hits: list[dict], num_lines: int) -> BlackboxResult:
+    """The verdict of a log with no stats line but known server messages (module docstring)."""
+    verdict = symptom_verdict(hits)
+    worst = next((h for h in hits if h["kind"] == {"LEAK": "leak", "ZOMBIE": "zombie"}.get(verdict)), None)
+    if worst is not None:
+        summary = (f"{verdict}: the server logged {worst['server']}'s '{worst['signature']}' {worst['lines']} "
+                   f"time(s): {worst['means']}")
+    else:
+        verdict = "INCONCLUSIVE"
+        found = ", ".join(f"{h['count']} x {h['signature']}" for h in hits)
+        summary = f"INCONCLUSIVE: no stats line to judge the KV cache by; the log holds {found}"
+    servers = "+".join(sorted({h["server"] for h in hits}))
+    info = {"target": "log", "log": str(path), "server_kind": servers, "unit": "lines", "stats_lines": 0, "unparsable_lines": 0,
+            "other_lines": num_lines, "log_signatures": hits}
+    notes = [f"log signature: {describe(h)}" for h in hits]
+    samples = pd.DataFrame(columns=["t_s", "time", "num_running", "num_waiting", "kv_used"])
+    return BlackboxResult(verdict, summary, servers, "lines", None, None, None, None, [], samples,
+                          ReplayResult([], []), info, notes=notes, source="log")
 
 
 class LogTarget:

@@ -334,8 +334,9 @@ class HttpTarget:
     kind = "vlite-serve"
     interruptible = "the replay"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, storm_requests: int = 0, wedge_timeout_s: float | None = None) -> None:
         self.url = url
+        self.storm_requests, self.wedge_timeout_s = storm_requests, wedge_timeout_s
 
     def describe(self) -> str:
         return f"vlite serve at {self.url.rstrip('/')}"
@@ -346,6 +347,35 @@ class HttpTarget:
         Raises:
             TargetError: the server is unreachable or has no vlite block metrics.
         """
+        before = None
+        if self.storm_requests:
+            from vlite.diagnostics.targets.storm import PROBE_RUNS, measure_before
+
+            plan.on_line(f"storm checks: the wedge probe's request ({PROBE_RUNS} times) and the output canary "
+                         "(twice) before any client abort")
+            with httpx.Client() as client:
+                before = measure_before(client, self.url.rstrip("/"))
         run = run_http(self.url, plan.specs, stop=stop, trace_gpu_allocations=plan.trace_gpu_allocations,
                        **plan.replay_options())
+        if before is not None and run.findings.interrupted is None:
+            self._storm_checks(run, before, plan)
         return TargetRun.of_run_result(self.kind, run)
+
+    def _storm_checks(self, run: RunResult, before: dict, plan: TargetPlan) -> None:
+        """The abort storm, the wedge probe and the output canary (``storm.py``) after the replay;
+        a storm verdict becomes the run's unless it found a LEAK (``Findings.verdict``), the one it
+        replaces a note."""
+        from vlite.diagnostics.checks.storm import wedge_bound
+        from vlite.diagnostics.targets import storm
+
+        base = self.url.rstrip("/")
+        bound = wedge_bound(before["probe_latencies_s"], override_s=self.wedge_timeout_s)
+        plan.on_line(f"abort storm: {self.storm_requests} streamed requests at once, all cut together; then the "
+                     f"wedge probe (bound {bound:.3g} s) and the output canary")
+        with httpx.Client() as client:
+            max_tokens = storm.fit_max_tokens(client, base)
+            sent = asyncio.run(storm.abort_storm(base, self.storm_requests, max_tokens=max_tokens))
+            s = storm.judge_after(client, base, before, bound, sent)
+        if s["verdict"] and run.findings.verdict not in ("CLEAN", "LEAK"):
+            run.findings.notes.append(f"before the storm checks: {run.findings.summary(caveat=False)}")
+        run.findings.storm = s

@@ -8,6 +8,12 @@ scrape, and fed to the same judge as ``--watch`` (``watch.Watcher``). Memory is 
 ``process_resident_memory_bytes`` (vLLM's and vlite's API server process; the engine core and
 workers are other processes, not in it).
 
+**A fleet.** A job with several replicas (its ``instance`` label, or another label that tells
+them apart such as ``pod``: ``--instance-label``) is judged replica by replica, each through its
+own Watcher, and gets a verdict per replica, never an average: one leaking pod of four is LEAK,
+named, while the others stay CLEAN (``judge_fleet``; SGLang #36333: averaged pool metrics hid
+the bad pod). The run's verdict is the worst replica's.
+
 API reference: https://prometheus.io/docs/prometheus/latest/querying/api/ (range queries return
 one series per label set, values as ``[unix_time, "string"]`` pairs aligned on ``step``).
 """
@@ -25,7 +31,7 @@ from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError,
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES
 from vlite.diagnostics.targets.prom import MetricsPage, Sample
-from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Watcher, WatchResult
+from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Alert, Watcher, WatchResult
 
 MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
 _EXTRA = ("http_requests_total", "http_request_duration_highr_seconds_count", "process_resident_memory_bytes")
@@ -89,19 +95,20 @@ class PrometheusAPI:
         return data.get("result") or []
 
 
-def _selector(job: str, instance: str | None) -> str:
+def _selector(job: str, instance: str | None, label: str = "instance") -> str:
     sel = f'job="{job}"'
     if instance:
-        sel += f',instance="{instance}"'
+        sel += f',{label}="{instance}"'
     return "{" + sel + "}"
 
 
-def pages_from_matrix(result: list[dict]) -> list[tuple[float, MetricsPage]]:
-    """Rebuild one ``MetricsPage`` per step from a range query's matrix (``job`` and ``instance``
-    labels dropped; NaN and stale points left out)."""
+def pages_from_matrix(result: list[dict], label: str = "instance") -> list[tuple[float, MetricsPage]]:
+    """Rebuild one ``MetricsPage`` per step from a range query's matrix (``job``, ``instance``
+    and the replica ``label`` dropped; NaN and stale points left out)."""
+    drop = {"__name__", "job", "instance", label}
     by_t: dict[float, list[Sample]] = {}
     for series in result:
-        labels = {k: v for k, v in series.get("metric", {}).items() if k not in ("__name__", "job", "instance")}
+        labels = {k: v for k, v in series.get("metric", {}).items() if k not in drop}
         name = series.get("metric", {}).get("__name__")
         if not name:
             continue
@@ -116,32 +123,42 @@ def pages_from_matrix(result: list[dict]) -> list[tuple[float, MetricsPage]]:
 def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | None = None,
                 instance: str | None = None, end: float | None = None, server_kind: str = "auto",
                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, idle_scrapes: int = IDLE_SCRAPES,
-                on_line: Callable[[str], None] = print, client: httpx.Client | None = None) -> WatchResult:
-    """Judge the last ``since_s`` seconds (up to ``end``, default now) of ``job`` in Prometheus.
+                on_line: Callable[[str], None] = print, client: httpx.Client | None = None,
+                label: str = "instance") -> WatchResult:
+    """Judge the last ``since_s`` seconds (up to ``end``, default now) of ``job`` in Prometheus:
+    one replica, or each of a fleet (``judge_fleet``).
 
     Args:
         step_s: the query step (default: 15 s, or coarser so that no series exceeds
             ``MAX_POINTS`` points). Idle points need ``idle_scrapes`` idle steps in a row.
-        instance: the job's instance (required when the job has several).
+        instance: judge only the replica whose ``label`` has this value (default: every one).
+        label: the label that tells the job's replicas apart (``instance``, or e.g. ``pod``).
 
     Raises:
-        PrometheusError: Prometheus unreachable or refusing, the job unknown, several instances
-            and no ``instance``, or no series of a known server (each a one-line message).
+        PrometheusError: Prometheus unreachable or refusing, the job unknown, or no series of a
+            known server (each a one-line message).
     """
     api = PrometheusAPI(prometheus, client)
     end = end if end is not None else time.time()
-    start = end - since_s
     step = step_s or 15.0
     step = max(step, since_s / (MAX_POINTS - 1))
-    instances = api.label_values("instance", _selector(job, None))
+    instances = api.label_values(label, _selector(job, None))
     if not instances:
-        raise PrometheusError(f"Prometheus at {api.base} holds no series of job {job!r} (check --job: the job_name "
-                              "of its scrape config)")
+        raise PrometheusError(f"Prometheus at {api.base} holds no series of job {job!r} with a {label!r} label "
+                              "(check --job: the job_name of its scrape config; --instance-label)")
     if instance is None and len(instances) > 1:
-        raise PrometheusError(f"job {job!r} has {len(instances)} instances ({', '.join(instances[:6])}); "
-                              "pick one with --instance")
-    instance = instance or instances[0]
-    sel = _selector(job, instance)
+        return judge_fleet(api, job, instances, since_s, end, step, label=label, server_kind=server_kind,
+                           stuck_after_s=stuck_after_s, idle_scrapes=idle_scrapes, on_line=on_line)
+    return _judge_one(api, job, instance or instances[0], since_s, end, step, label=label, server_kind=server_kind,
+                      stuck_after_s=stuck_after_s, idle_scrapes=idle_scrapes, on_line=on_line)
+
+
+def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end: float, step: float, *,
+               label: str, server_kind: str, stuck_after_s: float, idle_scrapes: int,
+               on_line: Callable[[str], None]) -> WatchResult:
+    """One replica's range through the adapter and a ``Watcher`` (``judge_range``'s arguments)."""
+    start = end - since_s
+    sel = _selector(job, instance, label)
     names = api.label_values("__name__", sel)
     probe = MetricsPage([Sample(n, {}, 0.0) for n in names])
     try:
@@ -151,8 +168,8 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
     wanted = {m.series.split("{")[0] for m in METRIC_NAMES if m.kind == adapter.kind} | set(_EXTRA)
     query_names = sorted(wanted & set(names))
     pattern = "|".join(re.escape(n) for n in query_names)
-    query = "{" + f'job="{job}",instance="{instance}",__name__=~"{pattern}"' + "}"
-    pages = pages_from_matrix(api.query_range(query, start, end, step))
+    query = "{" + f'job="{job}",{label}="{instance}",__name__=~"{pattern}"' + "}"
+    pages = pages_from_matrix(api.query_range(query, start, end, step), label)
     if not pages:
         raise PrometheusError(f"job {job!r} ({instance}) has no sample between "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start))} and "
@@ -180,11 +197,57 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
     w.notes.append(f"{adapter.kind}: {adapter.caveat}")
     if skipped:
         w.notes.append(f"{skipped} steps lacked the series the adapter needs and were skipped")
-    info = {"mode": "prometheus", "prometheus": api.base, "job": job, "instance": instance,
+    info = {"mode": "prometheus", "prometheus": api.base, "job": job, label: instance,
             "server_kind": adapter.kind, "start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
             "end": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)), "since_s": since_s, "step_s": step,
             "steps": len(pages), "series_queried": len(query_names), "kv_total": first.kv_total if first else None}
     return w.result(info)
+
+
+# a fleet's verdict is its worst replica's, in this order
+_SEVERITY = ("LEAK", "ZOMBIE", "HOST-LEAK", "INCONCLUSIVE", "CLEAN")
+
+
+def judge_fleet(api: PrometheusAPI, job: str, instances: list[str], since_s: float, end: float, step: float, *,
+                label: str = "instance", server_kind: str = "auto", stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
+                idle_scrapes: int = IDLE_SCRAPES, on_line: Callable[[str], None] = print) -> WatchResult:
+    """Judge each replica of ``job`` (``instances``: the values of ``label``) on its own and
+    combine without averaging: the verdict of the worst replica (``_SEVERITY``), a summary that
+    names every replica that is not CLEAN, ``instances`` with one row per replica (``instance``,
+    ``verdict``, ``summary``, ``idle_points``, ``kv_total``), the alerts and notes prefixed with
+    their replica, the samples with an ``instance`` column.
+
+    Raises:
+        PrometheusError: as ``judge_range``, for any replica.
+    """
+    import pandas as pd
+
+    per: dict[str, WatchResult] = {}
+    for inst in instances:
+        on_line(f"{label} {inst}:")
+        per[inst] = _judge_one(api, job, inst, since_s, end, step, label=label, server_kind=server_kind,
+                               stuck_after_s=stuck_after_s, idle_scrapes=idle_scrapes,
+                               on_line=lambda line, i=inst: on_line(f"  {i}: {line}"))
+    rows = [{"instance": i, "verdict": r.verdict, "summary": r.summary, "idle_points": len(r.idle_points),
+             "kv_total": r.info.get("kv_total")} for i, r in per.items()]
+    verdict = min((r.verdict for r in per.values()), key=lambda v: _SEVERITY.index(v) if v in _SEVERITY else 0)
+    bad = [row for row in rows if row["verdict"] != "CLEAN"]
+    clean = [row["instance"] for row in rows if row["verdict"] == "CLEAN"]
+    n = len(rows)
+    if not bad:
+        summary = f"CLEAN: every one of the {n} replicas ({label}) is CLEAN: {', '.join(clean)}"
+    else:
+        named = "; ".join(f"{row['instance']}: {row['summary']}" for row in bad)
+        rest = f"; CLEAN: {', '.join(clean)}" if clean else ""
+        summary = f"{verdict} on {len(bad)} of {n} replicas ({label}): {named}{rest}"
+    alerts = [Alert(a.flag, a.time, a.idle_point, f"{i}: {a.message}") for i, r in per.items() for a in r.alerts]
+    notes = list(dict.fromkeys(f"{i}: {note}" for i, r in per.items() for note in r.notes))
+    frames = [r.samples.assign(instance=i) for i, r in per.items() if not r.samples.empty]
+    samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    first = next(iter(per.values()))
+    info = {k: v for k, v in first.info.items() if k != label} | {"replica_label": label, "replicas": n}
+    return WatchResult(verdict, summary, first.server_kind, first.unit, [], alerts, samples, info, notes,
+                       instances=rows)
 
 
 class PrometheusTarget:
@@ -195,12 +258,13 @@ class PrometheusTarget:
         prometheus: the Prometheus server's URL.
         job: the scrape job of the inference server.
         since: how far back, e.g. ``90s``, ``30m``, ``6h`` (``parse_since``).
-        instance: the job's instance (required when it has several).
+        instance: judge only this replica (default: every replica of the job, a verdict each).
         server_kind: the adapter, or "auto" (from the series).
         step_s: the query step (None: 15 s, or coarser for a long range).
         stuck_after_s: the ``running-stuck`` window, seconds.
         end: the range's end (``time.time()`` seconds; default: now).
         client: the ``httpx.Client`` for Prometheus's API (tests pass one bound to a fake).
+        label: the label that tells the job's replicas apart (``instance``, or e.g. ``pod``).
 
     Raises:
         ValueError: no ``job``, or ``since`` is not a duration (the message says what is allowed).
@@ -212,14 +276,14 @@ class PrometheusTarget:
     def __init__(self, prometheus: str, job: str | None, since: str, *, instance: str | None = None,
                  server_kind: str = "auto", step_s: float | None = None,
                  stuck_after_s: float = DEFAULT_STUCK_AFTER_S, end: float | None = None,
-                 client: httpx.Client | None = None) -> None:
+                 client: httpx.Client | None = None, label: str = "instance") -> None:
         if not job:
             raise ValueError("--prometheus needs --job NAME (the job_name of the scrape config that scrapes the "
                              "server)")
         self.prometheus, self.job, self.since = prometheus, job, since
         self.since_s = parse_since(since)
         self.instance, self.server_kind, self.step_s, self.stuck_after_s = instance, server_kind, step_s, stuck_after_s
-        self.end, self.client = end, client
+        self.end, self.client, self.label = end, client, label
 
     def describe(self) -> str:
         return f"{self.prometheus}: job {self.job}, the last {self.since}"
@@ -233,5 +297,5 @@ class PrometheusTarget:
         plan.on_line(f"leak-check --prometheus {self.describe()}")
         res = judge_range(self.prometheus, self.job, self.since_s, step_s=self.step_s, instance=self.instance,
                           end=self.end, server_kind=self.server_kind, stuck_after_s=self.stuck_after_s,
-                          on_line=plan.on_line, client=self.client)
+                          on_line=plan.on_line, client=self.client, label=self.label)
         return res.as_target_run(self.kind)

@@ -29,6 +29,11 @@ the baseline.
   ``ANON_SLOPE_BYTES`` per request); ``RssAnon + VmSwap`` of the process tree on this host, else
   the server's own ``process_resident_memory_bytes`` (the API server process only).
 
+* ``log-signature`` (an alert, no verdict): with ``--server-log FILE``, a line the server wrote
+  to its log since the watch began carries one of the servers' own messages about aborts,
+  zombies or leaked KV (``checks/log_signatures.py``); one alert per message, the counts in the
+  report. The KV and running checks judge; the log says why.
+
 Verdict: CLEAN (0), LEAK / ZOMBIE / HOST-LEAK (1, the first such flag), INCONCLUSIVE (3: fewer
 than two idle points, or no KV gauge and nothing else flagged).
 """
@@ -49,7 +54,8 @@ from vlite.diagnostics.targets.connection import IDLE_SCRAPES, Connection
 
 # "uncounted" is an alert without a verdict: vLLM 0.32 never counts client aborts in
 # request_success_total (measured: tests/interop/vllm_zombie.sh), so on vLLM it is the normal case.
-FLAG_VERDICT = {"kv-held": "LEAK", "running-stuck": "ZOMBIE", "uncounted": None, "host-memory": "HOST-LEAK"}
+FLAG_VERDICT = {"kv-held": "LEAK", "running-stuck": "ZOMBIE", "uncounted": None, "host-memory": "HOST-LEAK",
+                "log-signature": None}
 DEFAULT_STUCK_AFTER_S = 300.0
 
 
@@ -89,6 +95,7 @@ class WatchResult:
     info: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     memory_test: dict | None = None
+    instances: list[dict] | None = None  # a fleet judged replica by replica (prometheus_range.judge_fleet)
 
     @property
     def exit_code(self) -> int:
@@ -141,6 +148,7 @@ class Watcher:
         self._first: MetricsReading | None = None
         self._first_served: float | None = None
         self._first_uncounted: float | None = None
+        self.log_signatures = None  # a checks.log_signatures.SignatureCounter once a log line is fed
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -177,6 +185,19 @@ class Watcher:
         self.on_line(f"ALERT {flag}: {message}")
 
     # -- feeding -----------------------------------------------------------------------------
+    def feed_log(self, t: float, lines: list[str]) -> None:
+        """New lines of the server's log at time ``t`` (s): an alert for each server message
+        about aborts, zombies or leaked KV seen for the first time (``checks/log_signatures.py``)."""
+        from vlite.diagnostics.checks.log_signatures import SignatureCounter, describe
+
+        if self.log_signatures is None:
+            self.log_signatures = SignatureCounter()
+        for name in self.log_signatures.feed(lines):
+            h = self.log_signatures.hits[name]
+            message = f"the server logged {describe(h)}; e.g. {h['example']!r}"
+            self.alerts.append(Alert("log-signature", t, None, message))
+            self.on_line(f"ALERT log-signature: {message}")
+
     def feed(self, t: float, r: MetricsReading, memory: dict | None = None) -> None:
         """One scrape at time ``t`` (s). ``memory``: ``{"bytes": ..., "source": ...}`` or None."""
         memory = memory or {}
@@ -288,8 +309,15 @@ class Watcher:
         if self.idle_points and (self.idle_points[0].kv_used or 0) > self.kv_tol:
             notes.append(f"KV used at the first idle point (the baseline) was {_fmt(self.idle_points[0].kv_used)} "
                          f"{self.unit}: blocks held before the watch began are not judged")
+        info = dict(info or {})
+        if self.log_signatures is not None:
+            from vlite.diagnostics.checks.log_signatures import describe
+
+            hits = self.log_signatures.summary()
+            info["log_signatures"] = hits
+            notes += [f"log signature: {describe(h)}" for h in hits]
         return WatchResult(verdict, summary, self.kind, self.unit, list(self.idle_points), list(self.alerts), frame,
-                           dict(info or {}), notes, self.memory_test)
+                           info, notes, self.memory_test)
 
 
 def _uncounted(r: MetricsReading) -> float | None:
@@ -326,13 +354,19 @@ def local_memory(url: str, server_pid: int | None = None):
 def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
           on_report: Callable[[WatchResult], None] | None = None, on_line: Callable[[str], None] = print, server_pid: int | None = None,
           sleep: Callable[[float], None] | None = None, clock: Callable[[], float] = time.time,
-          info: dict | None = None, stop=None) -> WatchResult:
+          info: dict | None = None, stop=None, log_path=None) -> WatchResult:
     """Scrape ``conn`` (a ``connection.Connection``) every ``interval_s`` until ``duration_s`` (None:
     until KeyboardInterrupt, Ctrl-C), judging as it goes; sends no request but ``GET /metrics``
     (and the adapter's JSON pages). ``on_report`` (the report writer,
     ``report/watch_report.write_watch_report``) gets the current result at each idle point and at
     the end. A scrape that fails is counted and skipped. ``stop``: a ``threading.Event`` (the CLI's
-    first Ctrl-C, ``vlite.cli.interrupt``) that ends the watch like KeyboardInterrupt does."""
+    first Ctrl-C, ``vlite.cli.interrupt``) that ends the watch like KeyboardInterrupt does.
+    ``log_path``: the server's log file, followed from its end like ``tail -f`` (``LogFollower``);
+    its new lines go to ``Watcher.feed_log`` after each scrape.
+
+    Raises:
+        OSError: ``log_path`` cannot be opened.
+    """
     if sleep is None:
         sleep = stop.wait if stop is not None else time.sleep
     mem_read, pid = local_memory(conn.base, server_pid)
@@ -344,6 +378,9 @@ def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stu
     if mem_read is None:
         w.notes.append("the server's process is not on this host (or not found; pass --server-pid): no host memory")
     w.notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
+    follower = LogFollower(log_path) if log_path is not None else None
+    if follower is not None:
+        facts["server_log"] = str(log_path)
     errors = 0
     start = clock()
 
@@ -374,13 +411,49 @@ def watch(conn, *, interval_s: float = 1.0, duration_s: float | None = None, stu
                 except Exception:  # noqa: BLE001 - the process may have gone
                     mem = None
             w.feed(t, r, mem)
+            if follower is not None:
+                w.feed_log(t, follower.read_new())
             sleep(max(0.0, interval_s - (clock() - t)))
     except KeyboardInterrupt:
         facts["stopped_by"] = "Ctrl-C"
+    if follower is not None:
+        w.feed_log(clock(), follower.read_new())
+        follower.close()
     res = current()
     if on_report is not None:
         on_report(res)
     return res
+
+
+class LogFollower:
+    """A server's log file read from its end on, like ``tail -f``: ``read_new`` returns the whole
+    lines written since the last call (a file truncated or rotated is read again from its start).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path) -> None:
+        self.path = path
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._f.seek(0, 2)
+        self._rest = b""
+
+    def read_new(self) -> list[str]:
+        import os
+
+        try:
+            if os.stat(self.path).st_size < self._f.tell():  # truncated or rotated in place
+                self._f.seek(0)
+                self._rest = b""
+        except OSError:
+            return []
+        data = self._rest + self._f.read()
+        *whole, self._rest = data.split(b"\n")
+        return [line.decode(errors="replace") for line in whole]
+
+    def close(self) -> None:
+        self._f.close()
 
 
 class WatchTarget:
@@ -392,15 +465,17 @@ class WatchTarget:
         duration_s: stop after this many seconds (None: at the first Ctrl-C, ``stop``).
         stuck_after_s: the ``running-stuck`` window, seconds.
         server_pid: the server's root process (default: the one listening on the port).
+        server_log: the server's log file to follow for its own messages (None: none).
     """
 
     kind = "watch"
     interruptible = "the watch"
 
     def __init__(self, conn: Connection, *, interval_s: float = 1.0, duration_s: float | None = None,
-                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, server_pid: int | None = None) -> None:
+                 stuck_after_s: float = DEFAULT_STUCK_AFTER_S, server_pid: int | None = None,
+                 server_log=None) -> None:
         self.conn, self.interval_s, self.duration_s = conn, interval_s, duration_s
-        self.stuck_after_s, self.server_pid = stuck_after_s, server_pid
+        self.stuck_after_s, self.server_pid, self.server_log = stuck_after_s, server_pid, server_log
 
     def describe(self) -> str:
         return f"{self.conn.adapter.kind} at {self.conn.base}"
@@ -415,5 +490,6 @@ class WatchTarget:
         res = watch(self.conn, interval_s=self.interval_s, duration_s=self.duration_s,
                     stuck_after_s=self.stuck_after_s,
                     on_report=(lambda r: report(r.as_target_run(self.kind))) if report is not None else None,
-                    on_line=plan.on_line, server_pid=self.server_pid, info=plan.info, stop=stop)
+                    on_line=plan.on_line, server_pid=self.server_pid, info=plan.info, stop=stop,
+                    log_path=self.server_log)
         return res.as_target_run(self.kind)

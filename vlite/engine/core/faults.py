@@ -14,6 +14,11 @@ FAULTS: dict[str, str] = {
     "double-free": "free releases a sequence's last block twice (ref_count goes below 0)",
     "refcount-not-decremented-on-fork": "freeing a forked child (n > 1, beam search) skips its shared blocks",
     "raise-in-step": "the model runner raises for a request whose client tag is 'raise-in-step'",
+    "reclaim-on-admission": "an aborted request's blocks are parked, not freed, and reclaimed only when a new request "
+                            "is admitted; admission reserves the parked blocks a second time, so an abort storm that "
+                            "parks half the pool wedges the server (/health still 200; TensorRT-LLM PR #12313)",
+    "empty-output-after-abort": "blocks released by an abort are reused unreset: a request admitted while any are "
+                                "left ends at its first step with no token, HTTP 200 (TensorRT-LLM PR #15018)",
 }
 
 

@@ -89,6 +89,12 @@ class Scheduler:
         self.feature_counts: Counter[str] = Counter()
         self.aborts_by_family: Counter[str] = Counter()
         self.num_beam_prunes = 0
+        # planted faults reclaim-on-admission / empty-output-after-abort (faults.py): aborted
+        # sequences whose blocks are parked, blocks released by aborts and not yet reused, and
+        # the sequences that reused them (they end at their first step with no token)
+        self._parked: list[Sequence] = []
+        self._orphaned_blocks = 0
+        self._reused_orphans: set[int] = set()
 
     # ---- queue management ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -196,8 +202,16 @@ class Scheduler:
             hits = [] if skip_cache else self.kv_cache_manager.find_prefix_hits(seq)
             num_cached = len(hits) * self.kv_cache_manager.block_size
             num_new = min(seq.num_tokens - num_cached - seq.num_computed_tokens, budget)
+            if self._parked and not self._parked_leave_room(seq, num_new, hits):
+                break  # planted reclaim-on-admission: the parked blocks are reserved a second time
             if not self.kv_cache_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
                 break
+            if self._parked:
+                self._reclaim_parked()
+            if self._orphaned_blocks > 0 and seq.status is SequenceStatus.WAITING:
+                # planted empty-output-after-abort: a new request reuses blocks an abort released
+                self._orphaned_blocks -= len(self.kv_cache_manager.block_tables.get(seq.seq_id, ()))
+                self._reused_orphans.add(seq.seq_id)
             if seq.num_computed_tokens == 0 and not skip_cache:
                 self.kv_cache_manager.prefix_cache_queries += seq.num_tokens
                 self.kv_cache_manager.prefix_cache_hits += num_cached
@@ -237,6 +251,19 @@ class Scheduler:
         out.blocks_to_copy = self.kv_cache_manager.take_pending_copies()
         return out
 
+    def _parked_leave_room(self, seq: Sequence, num_new: int, hits: list[int]) -> bool:
+        """Planted reclaim-on-admission: admission counts the parked blocks as needed once more
+        (reserved for their reclaim), on top of their being held."""
+        kv = self.kv_cache_manager
+        parked = sum(len(kv.block_tables.get(s.seq_id, ())) for s in self._parked)
+        return kv.num_allocatable_blocks - parked >= kv.num_blocks_to_grow(seq, num_new, len(hits))
+
+    def _reclaim_parked(self) -> None:
+        """Planted reclaim-on-admission: free the parked blocks (runs only on an admission)."""
+        for seq in self._parked:
+            self.kv_cache_manager.free(seq)
+        self._parked.clear()
+
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, requeue at the front of the waiting queue."""
         if self.faults.active("leak-on-preempt"):
@@ -275,6 +302,10 @@ class Scheduler:
             touched[req.request_id] = req
             if req.beam is not None:
                 req.beam.pending[seq.seq_id] = result.logits[row]
+                continue
+            if seq.seq_id in self._reused_orphans:  # planted empty-output-after-abort: no token
+                self._reused_orphans.discard(seq.seq_id)
+                self.finish_sequence(seq, FinishReason.STOP)
                 continue
             forks = result.forks.get(seq.seq_id)
             if forks is not None:
@@ -412,7 +443,12 @@ class Scheduler:
             if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
                 raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
                                    "raised before its blocks were released")
-            self.kv_cache_manager.free(seq)
+            if reason is FinishReason.ABORT and self.faults.active("reclaim-on-admission"):
+                self._parked.append(seq)  # planted: freed only when a new request is admitted
+            else:
+                released = self.kv_cache_manager.free(seq)
+                if reason is FinishReason.ABORT and self.faults.active("empty-output-after-abort"):
+                    self._orphaned_blocks += released  # planted: reused later without a reset
             req = self.requests[seq.request_id]
             req.live.remove(seq)
             if not req.live:
