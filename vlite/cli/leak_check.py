@@ -170,6 +170,12 @@ def leak_check(
                                            help="In process: trace Python allocations over the replay (tracemalloc) "
                                                 "and name the sites that kept growing between the idle points "
                                                 "(HOST-LEAK attribution; the replay takes about 10% longer)."),
+    cache_probe_requests: int | None = typer.Option(
+        None, "--cache-probe-requests", rich_help_panel=PANEL_INPROC, min=0,
+        help="In process, when a container keeps growing: the cache-versus-leak probe sends the first wave again, "
+             "repeated and then with distinct prompts, at most this many distinct requests (default: twice "
+             "--num-requests, at least 128; 0: no probe). A container that levels off is a bounded cache, reported "
+             "with its entries, not a HOST-LEAK."),
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", rich_help_panel=PANEL_URL, min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
@@ -202,6 +208,9 @@ def leak_check(
     if trace_allocations and (url or watch or prometheus or from_log is not None or scenario):
         common.fail("--trace-allocations traces this process's allocations: it applies to the in-process replay "
                     "only (not --url, --watch, --prometheus, --from-log or --scenario)")
+    if cache_probe_requests is not None and (url or watch or prometheus or from_log is not None or scenario):
+        common.fail("--cache-probe-requests applies to the in-process replay only (not --url, --watch, --prometheus, "
+                    "--from-log or --scenario)")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     interval_s = sample_interval_ms / 1000.0
@@ -272,7 +281,8 @@ def leak_check(
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
                       seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
-                      zombie_options=zombie_options, info=info, trace_allocations=trace_allocations)
+                      zombie_options=zombie_options, info=info, trace_allocations=trace_allocations,
+                      cache_probe_requests=cache_probe_requests)
     if url:
         conn = connect_or_fail(url, server_kind, api_key)
         if blackbox or conn.adapter.kind != "vlite" or api_key:

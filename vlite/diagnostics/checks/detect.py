@@ -207,7 +207,8 @@ class Findings:
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
         if not self.leak and self.host_leak:
             grow = self.host_memory["growing"]
-            what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
+            what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request"
+                              + (f" ({g['probe']['kind']})" if g.get("probe") else "") for g in grow) if grow
                     else f"RssAnon + VmSwap +{self.host_memory['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
             sites = (self.host_memory.get("allocation_sites") or {}).get("sites")
             if sites:

@@ -84,9 +84,10 @@ def print_report(run, console: Console | None = None) -> None:
 
 def extra_lines(f) -> list[str]:
     """Coverage, zombie and registry lines (console and report.md)."""
-    from vlite.diagnostics.checks import coverage, host_memory, zombie
+    from vlite.diagnostics.checks import cache_probe, coverage, host_memory, zombie
 
     out = coverage.lines(f.coverage) + zombie.lines(f.zombies) + host_memory.lines(f.host_memory)
+    out += cache_probe.lines(f.host_memory)
     if f.registries:
         out.append(f"registries checked at idle: {len(f.registries['checked'])} "
                    f"({', '.join(f.registries['checked'])}); not empty: {len(f.registries['leftover'])}")
