@@ -189,7 +189,7 @@ MUTANTS = [
            "                    memo[word] = self.tokenizer(word, add_special_tokens=False).input_ids\n"
            "            prompt_token_ids = self.tokenizer(prompt).input_ids\n"),
     Mutant("prompt-cache-bounded", "host memory (bounded cache: must stay CLEAN)",
-           "prompt token ids cached by prompt text, least recently used evicted past 8,192 tokens (llama.cpp#25740)",
+           "prompt token ids cached by prompt text, least recently used evicted past 6,144 tokens (llama.cpp#25740)",
            "engine/llm_engine.py", "            prompt_token_ids = self.tokenizer(prompt).input_ids\n",
            "            import collections\n"
            "            cache = self.__dict__.setdefault(\"prompt_cache\", collections.OrderedDict())\n"
@@ -197,7 +197,7 @@ MUTANTS = [
            "            if prompt_token_ids is None:\n"
            "                prompt_token_ids = cache[prompt] = self.tokenizer(prompt).input_ids\n"
            "                self.prompt_cache_tokens = getattr(self, \"prompt_cache_tokens\", 0) + len(prompt_token_ids)\n"
-           "                while self.prompt_cache_tokens > 8192:\n"
+           "                while self.prompt_cache_tokens > 6144:\n"
            "                    self.prompt_cache_tokens -= len(cache.popitem(last=False)[1])\n"
            "            else:\n"
            "                cache.move_to_end(prompt)\n", expect_clean=True),
