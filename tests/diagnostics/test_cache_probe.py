@@ -164,6 +164,7 @@ def test_a_planted_bounded_cache_is_reported_with_its_size_not_as_a_leak(tiny_ch
     (b,) = hm["bounded_caches"]
     assert b["path"] == "engine.planted" and b["entries"] == 60
     assert "CLEAN" in f.summary()
+    assert f.cardinality["verdict"] == "CLEAN"  # the probe's rounds leave the run's other checks as they were
     # without the probe, the same run calls the cache a leak: it was still filling when the run ended
     f = _run(tiny_checkpoint, _PromptLRU(cap=60), budget=0)
     assert f.host_leak and f.host_memory["growing"][0]["path"] == "engine.planted"

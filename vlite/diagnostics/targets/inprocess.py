@@ -349,11 +349,14 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
               else cache_probe_requests)
     if growing and budget > 0 and not replay.interrupted and not (stop is not None and stop.is_set()):
         wave = idle_every or len(specs)
-        series, rounds, anon = cache_probe(engine, view, specs, growing, round_size=wave, budget=budget,
-                                           max_concurrency=max_concurrency, stop=stop, pids=pids,
-                                           seed=(info or {}).get("seed", 0))
-        apply_probe(findings.host_memory, series, rounds=rounds, round_size=min(wave, len(specs)), budget=budget,
-                    anon_bytes=anon)
+        probe_series, rounds, anon = cache_probe(engine, view, specs, growing, round_size=wave, budget=budget,
+                                                 max_concurrency=max_concurrency, stop=stop, pids=pids,
+                                                 seed=(info or {}).get("seed", 0))
+        if stop is not None and stop.is_set():  # a Ctrl-C cut the rounds short: no level can be trusted
+            findings.notes.append(f"cache probe interrupted after {rounds} rounds; the host-memory verdict stands")
+        else:
+            apply_probe(findings.host_memory, probe_series, rounds=rounds, round_size=min(wave, len(specs)), budget=budget,
+                        anon_bytes=anon)
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if growth is not None:
         findings.host_memory["allocation_sites"] = growth
