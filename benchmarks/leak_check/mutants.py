@@ -8,6 +8,8 @@ None of them is one of the `--inject-fault` faults. A mutant is *caught* when th
 exits 1 (LEAK or ZOMBIE); for the default command the script also shows what the report
 blamed (the leaked blocks' owner actions and sites, or the registries, zombies, anomalies).
 The clean tree is run the same way first: both commands must exit 0 (no false positive).
+A mutant marked ``expect_clean`` (a bounded cache) is no defect: the default command must exit 0
+on it too, and it is counted apart from the catches.
 
 A mutant of the serving layers (``mode="serve"``: the engine loop, the async client, the API
 server's metrics) is run as the docs say for a server: `vlite serve` from the patched copy,
@@ -58,6 +60,7 @@ class Mutant:
     new: str
     mode: str = "in-process"  # "serve": `vlite serve` from the patched copy, then `leak-check --url`
     args: tuple[str, ...] = ()  # added to the default command: the command the docs give for its mode (-tp 2, ...)
+    expect_clean: bool = False  # not a defect: the default command must exit 0 (a bounded cache)
 
 
 MUTANTS = [
@@ -180,6 +183,30 @@ MUTANTS = [
            "engine/output_processor.py", "        primary = req.seqs[0]\n",
            "        primary = req.seqs[0]\n        if req.is_finished:\n"
            "            self.__dict__.setdefault(\"last_buffers\", []).append(bytearray(4096))\n"),
+    # Issue 42, workload variety: a memo keyed by content (found only when prompts do not repeat:
+    # --prompt-source distinct, the default) and a bounded cache (llama.cpp#25740's host prompt
+    # cache, with a size limit: must stay CLEAN, reported as a bounded cache with its entries)
+    Mutant("word-memo-unbounded", "host memory (content-keyed)",
+           "tokenization memoized per prompt word in a dict with no bound (a BPE word cache)",
+           "engine/llm_engine.py", "            prompt_token_ids = self.tokenizer(prompt).input_ids\n",
+           "            memo = self.__dict__.setdefault(\"word_ids\", {})\n"
+           "            for word in prompt.split():\n"
+           "                if word not in memo:\n"
+           "                    memo[word] = self.tokenizer(word, add_special_tokens=False).input_ids\n"
+           "            prompt_token_ids = self.tokenizer(prompt).input_ids\n"),
+    Mutant("prompt-cache-bounded", "host memory (bounded cache: must stay CLEAN)",
+           "prompt token ids cached by prompt text, least recently used evicted past 6,144 tokens (llama.cpp#25740)",
+           "engine/llm_engine.py", "            prompt_token_ids = self.tokenizer(prompt).input_ids\n",
+           "            import collections\n"
+           "            cache = self.__dict__.setdefault(\"prompt_cache\", collections.OrderedDict())\n"
+           "            prompt_token_ids = cache.get(prompt)\n"
+           "            if prompt_token_ids is None:\n"
+           "                prompt_token_ids = cache[prompt] = self.tokenizer(prompt).input_ids\n"
+           "                self.prompt_cache_tokens = getattr(self, \"prompt_cache_tokens\", 0) + len(prompt_token_ids)\n"
+           "                while self.prompt_cache_tokens > 6144:\n"
+           "                    self.prompt_cache_tokens -= len(cache.popitem(last=False)[1])\n"
+           "            else:\n"
+           "                cache.move_to_end(prompt)\n", expect_clean=True),
     Mutant("samples-abort-prefill-drops-tables", "abort (n > 1, chunked prefill)",
            "aborting an n > 1 request during its chunked prefill drops the tables without a free",
            "engine/core/scheduler.py",
@@ -311,6 +338,12 @@ def blame(report: Path) -> str:
     z = r.get("zombies") or {}
     if z.get("zombies"):
         parts.append(f"{len(z['zombies'])} zombies")
+    hm = r.get("host_memory") or {}
+    if hm.get("growing"):
+        parts.append("host memory " + ",".join(g["path"] + (f" ({g['probe']['kind']})" if g.get("probe") else "")
+                                               for g in hm["growing"]))
+    if hm.get("bounded_caches"):
+        parts.append("bounded caches " + ",".join(f"{b['path']} ({b['entries']} entries)" for b in hm["bounded_caches"]))
     return "; ".join(parts) or r.get("summary", "")
 
 
@@ -411,10 +444,18 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         res = check(tree, model, out, m.mode, not args.skip_scenarios, m.args)
         rows.append({"mutant": m.name, "area": m.path_area, "what": m.what, **res})
+        if m.expect_clean:  # not a defect: the default command must stay CLEAN
+            print(f"{m.name}: default {'CLEAN as it must be' if res['default_exit'] == 0 else 'FALSE POSITIVE'} "
+                  f"(exit {res['default_exit']}; {res['default_blame']}) [{res['seconds']} s]", flush=True)
+            continue
         print(f"{m.name}: default {'CAUGHT' if res['default_caught'] else 'missed'} (exit {res['default_exit']}; "
               f"{res['default_blame']}), scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} "
               f"({', '.join(res['scenarios_failed'])}) [{res['seconds']} s]", flush=True)
-    muts = [r for r in rows if r["mutant"] != "(clean tree)"]
+    clean_ones = {m.name for m in MUTANTS if m.expect_clean}
+    muts = [r for r in rows if r["mutant"] != "(clean tree)" and r["mutant"] not in clean_ones]
+    for r in rows:
+        if r["mutant"] in clean_ones:
+            print(f"{r['mutant']} (must stay CLEAN): {'CLEAN' if r['default_exit'] == 0 else 'FALSE POSITIVE'}")
     d = sum(r["default_caught"] for r in muts)
     s = sum(r["scenarios_caught"] for r in muts)
     either = sum(r["default_caught"] or r["scenarios_caught"] for r in muts)

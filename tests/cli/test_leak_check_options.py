@@ -20,3 +20,13 @@ def test_watch_options_without_watch_are_one_line_errors(args, says):
     res = CliRunner().invoke(app, ["leak-check", *args])
     assert res.exit_code == 2, res.output
     assert says in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--prompt-source", "lorem"], "unknown --prompt-source 'lorem'; choose one of: distinct, word-list"),
+    (["--cache-probe-requests", "10", "--url", "http://127.0.0.1:9"], "--cache-probe-requests applies to the in-process"),
+])
+def test_workload_variety_options_refuse_bad_values_in_one_line(args, says):
+    res = CliRunner().invoke(app, ["leak-check", *args])
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "Traceback" not in res.output

@@ -106,6 +106,11 @@ def leak_check(
                                           "workloads, and the most read from a ShareGPT file (a JSONL trace runs "
                                           "whole). It also sizes the waves (a fifth of the run) and the all-paths KV pool."),
     input_len: str = typer.Option("16:64", "--input-len", rich_help_panel=PANEL_WORKLOAD, help="Synthetic prompt length range MIN:MAX, tokens."),
+    prompt_source: str = typer.Option("distinct", "--prompt-source", rich_help_panel=PANEL_WORKLOAD,
+                                      help="Prompt text of the all-paths and synthetic workloads: distinct "
+                                           "(made-up words no request repeats, so outputs differ too and a cache "
+                                           "keyed by content keeps growing) or word-list (a 90-word list: every "
+                                           "token is one of about 90)."),
     output_len: str = typer.Option("8:32", "--output-len", rich_help_panel=PANEL_WORKLOAD, help="Synthetic output length range MIN:MAX, tokens."),
     request_rate: float = typer.Option(float("inf"), "--request-rate", rich_help_panel=PANEL_WORKLOAD,
                                        help="Poisson arrival rate, requests/s (inf = all at once)."),
@@ -190,6 +195,12 @@ def leak_check(
                                                     "the idle points, per request (in process; with --url, a vlite "
                                                     "serve started with --enable-debug-endpoints). Without CUDA the "
                                                     "report says so and the run goes on."),
+    cache_probe_requests: int | None = typer.Option(
+        None, "--cache-probe-requests", rich_help_panel=PANEL_INPROC, min=0,
+        help="In process, when a container keeps growing: the cache-versus-leak probe sends the first wave again, "
+             "repeated and then with distinct prompts, at most this many distinct requests (default: twice "
+             "--num-requests, at least 128; 0: no probe). A container that levels off is a bounded cache, reported "
+             "with its entries, not a HOST-LEAK."),
     zombie_max_tokens: int = typer.Option(512, "--zombie-max-tokens", rich_help_panel=PANEL_URL, min=0,
                                           help="Black-box: max_tokens of the zombie check's early leavers, one "
                                                "request per client action after the waves (0 = no zombie check)."),
@@ -224,6 +235,10 @@ def leak_check(
 
     console = common.make_console()
     inject_fault = engine_args.inject_faults
+    from vlite.diagnostics.workload.sources import PROMPT_SOURCES
+
+    if prompt_source not in PROMPT_SOURCES:
+        common.fail(f"unknown --prompt-source {prompt_source!r}; choose one of: {', '.join(PROMPT_SOURCES)}")
     if abort_mode not in ABORT_MODES:
         common.fail(f"unknown --abort-mode {abort_mode!r}; choose one of: {', '.join(ABORT_MODES)}")
     for f in inject_fault:
@@ -242,6 +257,9 @@ def leak_check(
         common.fail("--trace-gpu-allocations reads the CUDA allocator of this process or of a vlite serve's engine "
                     "(--url to it, with --enable-debug-endpoints): not --watch, --prometheus, --from-log, --scenario, "
                     "--blackbox or --api-key")
+    if cache_probe_requests is not None and (url or watch or prometheus or from_log is not None or scenario):
+        common.fail("--cache-probe-requests applies to the in-process replay only (not --url, --watch, --prometheus, "
+                    "--from-log or --scenario)")
     if url and inject_fault:
         common.fail("--inject-fault plants a fault in this process's engine; pass it to `vlite serve` instead")
     if replica or router_metrics:
@@ -312,7 +330,7 @@ def leak_check(
     specs = _load_workload(workload, num_requests, _range(input_len, "--input-len"),
                            _range(output_len, "--output-len"), request_rate, abort_rate, abort_mode, seed,
                            count_tokens=None, n=n, in_process=url is None,
-                           wave_size=default_wave(n_specs, idle_every) if n_specs else None)
+                           wave_size=default_wave(n_specs, idle_every) if n_specs else None, prompt_source=prompt_source)
     every = default_wave(len(specs), idle_every)
     if url:
         from vlite.diagnostics.workload.actions import IN_PROCESS_ONLY
@@ -321,12 +339,13 @@ def leak_check(
         if bad is not None:
             common.fail(f"request {bad.request_id}: client action {bad.action.kind!r} needs the in-process target "
                         "(a client cannot see a preemption over HTTP); drop --url or change the action")
-    info = {"workload": workload, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
+    info = {"workload": workload, "prompt_source": prompt_source, "abort_rate": abort_rate, "abort_mode": abort_mode, "seed": seed,
             "max_concurrency": max_concurrency, "idle_every": every, "sample_interval_ms": sample_interval_ms}
     plan = TargetPlan(specs=specs, max_concurrency=max_concurrency, idle_every=idle_every, sample_interval_s=interval_s,
                       seed=seed, abort_rate=abort_rate, abort_mode=abort_mode, trace=workload.endswith(".jsonl"),
                       zombie_options=zombie_options, info=info, trace_allocations=trace_allocations,
-                      trace_gpu_allocations=trace_gpu_allocations)
+                      trace_gpu_allocations=trace_gpu_allocations,
+                      cache_probe_requests=cache_probe_requests)
     if replica:
         from vlite.cli.leak_check_fleet import run_fleet
         from vlite.diagnostics.targets.fleet import FleetOptions
@@ -391,7 +410,7 @@ def _check_writable(report: Path) -> None:
 
 
 def _load_workload(workload, num_requests, input_len, output_len, request_rate, abort_rate, abort_mode, seed,
-                   count_tokens, n=1, in_process=True, wave_size=None):
+                   count_tokens, n=1, in_process=True, wave_size=None, prompt_source="word-list"):
     from vlite.diagnostics.workload import sources as wl
 
     try:
@@ -400,7 +419,8 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
 
             return all_paths_workload(num_requests, input_len=input_len, output_len=output_len,
                                       request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
-                                      seed=seed, in_process=in_process, wave_size=wave_size)
+                                      seed=seed, in_process=in_process, wave_size=wave_size,
+                                      prompt_source=prompt_source)
         if workload == "kind-waves":  # waves of one request kind each (checks/kind_growth.py)
             from vlite.diagnostics.workload.kind_waves import kind_waves_workload
 
@@ -408,7 +428,7 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
         if workload == "synthetic":
             return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
-                                         seed=seed, n=n)
+                                         seed=seed, n=n, prompt_source=prompt_source)
         path = Path(workload)
         if path.is_dir():
             common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, kind-waves, a JSONL trace (.jsonl) "

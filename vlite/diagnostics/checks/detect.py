@@ -220,7 +220,8 @@ class Findings:
             hm = self.host_memory
             kinds = (hm.get("kind_growth") or {}).get("growing") or []
             procs = [n for n, t in (hm.get("processes") or {}).items() if t.get("keeps_growing")]
-            what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request" for g in grow) if grow
+            what = (", ".join(f"{g['path']} +{g['entries_per_request']} entries/request"
+                              + (f" ({g['probe']['kind']})" if g.get("probe") else "") for g in grow) if grow
                     else ", ".join(f"{k['process']} +{k['bytes_per_request'] / 1024:.1f} KiB per {k['kind']} request"
                                    for k in kinds) if kinds
                     else ", ".join(f"{n} RssAnon + VmSwap +{hm['processes'][n]['late_slope'] / 1024:.1f} KiB/request"

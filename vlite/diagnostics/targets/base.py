@@ -85,6 +85,8 @@ class TargetPlan:
             replay ("calibration": greedy runs of ``workload/calibrate.py``), at its start (0)
             and after each step of it; the last call has ``done == total`` unless a Ctrl-C cut
             the phase short.
+        cache_probe_requests: the in-process target's cache-versus-leak probe: at most this many
+            distinct requests (None: its default; 0: no probe; ``inprocess.cache_probe``).
     """
 
     specs: list[RequestSpec] = field(default_factory=list)
@@ -102,6 +104,7 @@ class TargetPlan:
     trace_allocations: bool = False
     trace_gpu_allocations: bool = False
     on_progress: Callable[[str, int, int], None] | None = None
+    cache_probe_requests: int | None = None
 
     def wave_size(self) -> int:
         """Requests per wave for this plan's specs (``default_wave``)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from prometheus_client import generate_latest
 
 from vlite.diagnostics.checks import snapshot
+from vlite.diagnostics.checks.cache_probe import REPEAT_ROUNDS, apply_probe, levelled
 from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
@@ -36,6 +37,7 @@ from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
 from vlite.entrypoints.metrics import ServerMetrics
 
 ROUTE = "leak-check"
+CACHE_PROBE_MIN_REQUESTS = 128  # distinct requests the cache probe may send at least (a cap it must reach)
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
@@ -277,7 +279,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
                    sample_interval_s: float = 0.1, info: dict | None = None,
                    zombie_options: dict | None = None, stop: threading.Event | None = None,
                    trace_allocations: bool = False, trace_gpu_allocations: bool = False,
-                   gpu_snapshot: Callable[[], dict] | None = None, on_progress=None) -> RunResult:
+                   gpu_snapshot: Callable[[], dict] | None = None, on_progress=None,
+                   cache_probe_requests: int | None = None) -> RunResult:
     """Replay ``specs`` on ``engine`` with a background sampler, then detect leaks at quiescence.
 
     ``trace_allocations``: run ``tracemalloc`` over the replay and add the Python allocation
@@ -287,6 +290,12 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     the same idle points (``findings.gpu_allocations``, ``gpu_alloc_trace.py``); without CUDA it
     says so in one line and the run goes on. ``gpu_snapshot``: a stand-in for
     ``torch.cuda.memory._snapshot`` (tests on the CPU).
+
+    ``cache_probe_requests``: when the host-memory check finds containers that keep growing,
+    the cache-versus-leak probe (``cache_probe``) sends the run's first wave again, repeated and
+    then with distinct prompts, at most this many distinct requests (None: twice the run's
+    requests, at least ``CACHE_PROBE_MIN_REQUESTS``; 0: no probe); a container that levels off
+    is a bounded cache, not a HOST-LEAK (``checks/cache_probe.py``).
 
     The run drives ``engine`` only through ``EngineClient`` (add, step, abort, has-unfinished)
     and reads it only through ``EngineView``. Specs with ``stop_token_at`` / ``stop_string_at`` are calibrated first (calibrate.py);
@@ -368,6 +377,19 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     served = served_by_point([p.time for p in replay.idle_points],
                              [(kinds[r.request_id], r.end_time) for r in replay.requests])
     findings.host_memory = host_memory_check(replay.idle_points, served)
+    growing = [g["path"] for g in findings.host_memory["growing"]]
+    budget = (max(CACHE_PROBE_MIN_REQUESTS, 2 * len(specs)) if cache_probe_requests is None
+              else cache_probe_requests)
+    if growing and budget > 0 and not replay.interrupted and not (stop is not None and stop.is_set()):
+        wave = idle_every or len(specs)
+        probe_series, rounds, anon = cache_probe(engine, view, specs, growing, round_size=wave, budget=budget,
+                                                 max_concurrency=max_concurrency, stop=stop, pids=pids,
+                                                 seed=(info or {}).get("seed", 0))
+        if stop is not None and stop.is_set():  # a Ctrl-C cut the rounds short: no level can be trusted
+            findings.notes.append(f"cache probe interrupted after {rounds} rounds; the host-memory verdict stands")
+        else:
+            apply_probe(findings.host_memory, probe_series, rounds=rounds, round_size=min(wave, len(specs)), budget=budget,
+                        anon_bytes=anon)
     findings.cardinality = cardinality_check([(p.requests_completed, c) for p, c in zip(replay.idle_points, series)])
     if growth is not None:
         findings.host_memory["allocation_sites"] = growth
@@ -389,6 +411,50 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     if replay.interrupted:
         run_facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, run_facts)
+
+
+def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec], paths: list[str], *,
+                round_size: int, budget: int, max_concurrency: int = 32, stop: threading.Event | None = None,
+                pids: list[int] | None = None, seed: int = 0) -> tuple[dict, int, tuple[int, int] | None]:
+    """The cache-versus-leak probe's rounds (``workload/probe.py``) on a drained engine: the first
+    ``round_size`` specs ``REPEAT_ROUNDS`` times as they were, then with distinct prompts until
+    every container of ``paths`` levels off or ``budget`` distinct requests were sent; the
+    engine is idle after each round, and the containers' entries are read there (the census).
+
+    Returns (path -> (repeated points, distinct points), rounds run, anonymous RSS + swap bytes
+    of ``pids`` before and after, or None where unread); a point is (probe requests sent,
+    entries). ``stop`` (Ctrl-C) ends it after the round in flight.
+    """
+    from vlite.diagnostics.workload import probe
+
+    base = probe.template(specs, round_size)
+
+    def sizes() -> dict[str, int]:
+        found = view.request_census(()).container_sizes
+        return {p: found.get(p, 0) for p in paths}
+
+    anon0 = anon_swap_bytes(pids or [os.getpid()])
+    client = InProcessClient(engine, lambda: (view.stats().num_used_blocks, None), view=view)
+    sent, rounds, points = 0, 0, [(0, sizes())]
+
+    def run(batch: list[RequestSpec]) -> None:
+        nonlocal sent, rounds
+        client.replay(batch, max_concurrency, 0, stop=stop)
+        sent, rounds = sent + len(batch), rounds + 1
+        points.append((sent, sizes()))
+
+    for r in range(REPEAT_ROUNDS):
+        run(probe.repeated_round(base, r))
+    split = len(points) - 1  # the last repeated point starts the distinct series
+    d = 0
+    while sent - points[split][0] < budget and not (stop is not None and stop.is_set()):
+        run(probe.distinct_round(base, d, seed))
+        d += 1
+        if all(levelled([(x, s[p]) for x, s in points[split:]]) for p in paths):
+            break
+    anon1 = anon_swap_bytes(pids or [os.getpid()])
+    series = {p: ([(x, s[p]) for x, s in points[:split + 1]], [(x, s[p]) for x, s in points[split:]]) for p in paths}
+    return series, rounds, (anon0, anon1) if anon0 is not None and anon1 is not None else None
 
 
 def census_findings(view, requests, workers: bool = False) -> dict:
@@ -438,5 +504,6 @@ class InProcessTarget:
                      f"{self.view.stats().num_total_blocks} KV blocks, abort rate {plan.abort_rate} "
                      f"({plan.abort_mode}); Ctrl-C stops early and still writes the report")
         run = run_in_process(self.engine, plan.specs, stop=stop, trace_allocations=plan.trace_allocations,
-                             trace_gpu_allocations=plan.trace_gpu_allocations, **plan.replay_options())
+                             trace_gpu_allocations=plan.trace_gpu_allocations,
+                             cache_probe_requests=plan.cache_probe_requests, **plan.replay_options())
         return TargetRun.of_run_result(self.kind, run)

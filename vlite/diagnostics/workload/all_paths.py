@@ -80,8 +80,12 @@ CHAT_MESSAGES = ["Say hello.", "What is 2+2?", "Name a color.", "Reply with one 
 def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                        output_len: tuple[int, int] = (8, 32), request_rate: float = float("inf"),
                        abort_rate: float = 0.3, abort_mode: str = "mix", seed: int = 0, prefix: str = "lc",
-                       in_process: bool = True, wave_size: int | None = None) -> list[RequestSpec]:
+                       in_process: bool = True, wave_size: int | None = None,
+                       prompt_source: str = "word-list") -> list[RequestSpec]:
     """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate).
+
+    Prompt text comes from ``prompt_source`` (``sources.synthetic_prompt``); the shared prefixes
+    and the chat messages stay fixed on purpose (prefix-cache hits, EOS finishes).
 
     A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
     256-token step budget really chunks it. Within each wave of ``wave_size`` requests
@@ -126,7 +130,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         if action.kind in ("abort-preempted", "abort-resumed"):
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
-        specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix, nth))
+        specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix, nth, prompt_source))
     wave = wave_size or max(1, num_requests // 5)
     late = ("abort-preempted", "abort-resumed")
     out = []
@@ -148,9 +152,9 @@ def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int
 
 
 def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientAction, rng: random.Random,
-          prefix: str, nth: int = 0) -> RequestSpec:
+          prefix: str, nth: int = 0, prompt_source: str = "word-list") -> RequestSpec:
     rid, tag = f"{prefix}-{i:05d}", f"path:{kind}"
-    prompt = synthetic_prompt(rng, n_in)
+    prompt = synthetic_prompt(rng, n_in, prompt_source)
     if kind == "shared-prefix":
         pid = "p0" if nth < 2 else f"p{rng.randrange(NUM_PREFIXES)}"  # the first two share one prefix
         return RequestSpec(rid, t, shared_prefix(pid, PREFIX_LEN) + " " + prompt, n_in + PREFIX_LEN, n_out, action,

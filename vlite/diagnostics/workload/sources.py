@@ -83,9 +83,56 @@ class RequestSpec:
                               beam_width=self.beam_width, **extra)
 
 
-def synthetic_prompt(rng: random.Random, num_tokens: int) -> str:
-    """About ``num_tokens`` tokens of filler text."""
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, num_tokens)))
+# Pieces of the "distinct" source's made-up words (onset + nucleus + coda, one or two syllables):
+# about 3,000 syllables and 10 million words, which BPE vocabularies split into 2.5 tokens a word
+# on average, drawn from thousands of different tokens (SmolLM2's tokenizer, measured 2026-12-06).
+# A prompt gets words until their estimated tokens (``_tokens_of``) reach the length asked for.
+_ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br", "ch",
+           "dr", "fl", "gr", "kl", "pr", "sh", "st", "th", "tr")
+_NUCLEI = ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")
+_CODAS = ("", "", "", "n", "r", "s", "l", "m", "t", "k", "x")
+# --prompt-source: where synthetic prompt text comes from (docs/leak-check.md, "Workload variety").
+PROMPT_SOURCES = ("distinct", "word-list")
+DEFAULT_PROMPT_SOURCE = "distinct"
+
+
+def _made_up_word(rng: random.Random) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_NUCLEI) + rng.choice(_CODAS) for _ in range(rng.randint(1, 2)))
+
+
+def _tokens_of(word: str) -> float:
+    """Tokens a made-up word (with its leading space) takes on a BPE vocabulary: a fit of SmolLM2's
+    tokenizer over 3,000 of them (1.1 for 2 letters, 3.2 for 7, 4.1 for 10)."""
+    return 0.3 + 0.40 * len(word)  # 0.42 fits; 0.40 errs long, so a "long" prompt is long enough
+
+
+def synthetic_prompt(rng: random.Random, num_tokens: int, source: str = "word-list") -> str:
+    """About ``num_tokens`` tokens of filler text from ``source`` (``PROMPT_SOURCES``).
+
+    ``word-list``: words of a 90-word list, one token each: prompts differ, but every token is one
+    of about 90, so a cache keyed by a word or a short window of text fills after a few requests.
+    ``distinct``: made-up words from a seeded syllable generator (about 10 million words, 2.5
+    tokens each on a BPE vocabulary): no prompt repeats, nor most of its words (one-syllable
+    words, 3,000 of them, do), its tokens come from thousands, and greedy outputs differ with it.
+    Plain text, so an HTTP target sends it as any prompt. Either source makes the same draws
+    from ``rng``.
+
+    Raises:
+        ValueError: an unknown source.
+    """
+    if source not in PROMPT_SOURCES:
+        raise ValueError(f"unknown prompt source {source!r}; choose one of: {', '.join(PROMPT_SOURCES)}")
+    listed = " ".join(rng.choice(_WORDS) for _ in range(max(1, num_tokens)))
+    if source == "word-list":
+        return listed
+    # the same draws from ``rng`` as the word list, so that a workload's plan (kinds, lengths,
+    # client actions) is the same whichever the source; the text is seeded by them
+    rng = random.Random(listed)
+    words, est = [], 0.0
+    while est < num_tokens or not words:
+        words.append(_made_up_word(rng))
+        est += _tokens_of(words[-1])
+    return " ".join(words)
 
 
 def arrival_offsets(rng: random.Random, n: int, request_rate: float) -> list[float]:
@@ -125,9 +172,10 @@ def seeded_arrivals(num_requests: int, input_len: tuple[int, int], output_len: t
 def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 64),
                        output_len: tuple[int, int] = (8, 48), request_rate: float = float("inf"),
                        abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
-                       prefix: str = "lc", n: int = 1) -> list[RequestSpec]:
+                       prefix: str = "lc", n: int = 1, prompt_source: str = "word-list") -> list[RequestSpec]:
     """``num_requests`` requests with uniform input/output lengths (tokens) and seeded actions;
-    ``n`` samples each (n > 1 with temperature 1 and a per-request seed, so samples differ).
+    ``n`` samples each (n > 1 with temperature 1 and a per-request seed, so samples differ);
+    prompt text from ``prompt_source`` (``synthetic_prompt``).
 
     Raises:
         WorkloadError: a bad count, length range or rate.
@@ -139,7 +187,7 @@ def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
         action = plan_action(rng, abort_rate, abort_mode, n_out)
         sampling = {"n": n, "temperature": 1.0, "seed": i} if n > 1 else {}
-        specs.append(RequestSpec(f"{prefix}-{i:05d}", t, synthetic_prompt(rng, n_in), n_in, n_out, action,
+        specs.append(RequestSpec(f"{prefix}-{i:05d}", t, synthetic_prompt(rng, n_in, prompt_source), n_in, n_out, action,
                                  **sampling))
     return specs
 
