@@ -22,6 +22,7 @@ from fake_http import QuietHandler, ServerPool
 from typer.testing import CliRunner
 
 from vlite.cli.main import app
+from vlite.diagnostics.checks import fleet as judge
 from vlite.diagnostics.checks.fleet import HOP_REPLICA, HOP_ROUTER, Probe, ReplicaFacts, judge_fleet, lines
 from vlite.diagnostics.targets.fleet import FleetOptions, FleetRun
 
@@ -110,8 +111,9 @@ class FakeReplica:
     """A threaded fake `vlite serve`: streams one token every ``token_s``, counts a closed
     connection as an abort, exports vlite's series. ``leak``: an abort keeps its blocks."""
 
-    def __init__(self, leak: bool = False, token_s: float = 0.02) -> None:
+    def __init__(self, leak: bool = False, token_s: float = 0.02, empty_after_abort: bool = False) -> None:
         self.leak, self.token_s, self.lock = leak, token_s, threading.Lock()
+        self.empty_after_abort = empty_after_abort  # TensorRT-LLM #15018: 200s with no token after aborts
         self.used, self.running, self.steps = 0, 0, 0
         self.ended = {"stop": 0, "length": 0, "abort": 0}
 
@@ -147,7 +149,9 @@ class FakeReplica:
                 if not body.get("stream"):
                     time.sleep(fake.token_s)
                     fake._end("length")
-                    self.reply(200, json.dumps({"choices": [{"text": "x", "finish_reason": "length"}]}),
+                    empty = fake.empty_after_abort and fake.ended["abort"] > 0
+                    self.reply(200, json.dumps({"choices": [{"text": "" if empty else "x", "finish_reason": "length"}],
+                                                "usage": {"completion_tokens": 0 if empty else 1}}),
                                "application/json")
                     return
                 self.send_response(200)
@@ -186,8 +190,8 @@ def pool():
     p.close()
 
 
-def _fleet(pool, drop_aborts=False, leak_b=False):
-    reps = [FakeReplica(), FakeReplica(leak=leak_b)]
+def _fleet(pool, drop_aborts=False, leak_b=False, empty_b=False):
+    reps = [FakeReplica(), FakeReplica(leak=leak_b, empty_after_abort=empty_b)]
     urls = [pool.start(r.handler()) for r in reps]
     srv = ThreadingHTTPServer(("127.0.0.1", 0), proxy_mod.make_handler(urls, drop_aborts))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -195,8 +199,9 @@ def _fleet(pool, drop_aborts=False, leak_b=False):
     return f"http://127.0.0.1:{srv.server_address[1]}", urls
 
 
-def _run(router, urls, probes=2):
-    opts = FleetOptions(router, urls, max_tokens=100, drain_timeout_s=10.0, threshold_s=0.5, probes_per_replica=probes)
+def _run(router, urls, probes=2, storm=0):
+    opts = FleetOptions(router, urls, max_tokens=100, drain_timeout_s=10.0, threshold_s=0.5, probes_per_replica=probes,
+                        storm_requests=storm)
     return FleetRun(opts, on_line=lambda line: None).run()
 
 
@@ -222,15 +227,40 @@ def test_fake_fleet_one_leaking_replica_names_it(pool):
     assert by[urls[0]]["verdict"] == "CLEAN" and by[urls[1]]["verdict"] == "LEAK", lines(res)
 
 
+def test_fake_fleet_storm_checks_name_the_replica_that_returns_empty_output(pool):
+    router, urls = _fleet(pool, empty_b=True)
+    res = _run(router, urls, storm=6)
+    by = {r["url"]: r for r in res["replicas"]}
+    assert by[urls[0]]["verdict"] == "CLEAN", lines(res)
+    assert by[urls[1]]["verdict"] == "EMPTY-OUTPUT", lines(res)
+    assert res["verdict"] == "EMPTY-OUTPUT"
+    assert by[urls[0]]["storm"]["wedge"]["completed"] and by[urls[0]]["storm"]["storm"]["sent"] == 6
+    assert any("storm check: EMPTY-OUTPUT" in line for line in lines(res))
+
+
+def test_fleet_storm_verdict_beside_a_leak_keeps_the_leak():
+    res = {"replicas": [{"url": "a", "verdict": "LEAK", "reasons": []}, {"url": "b", "verdict": "ZOMBIE", "reasons": []}],
+           "router": {"verdict": "CLEAN"}, "verdict": "LEAK"}
+    wedged = {"verdict": "WEDGED", "summary": "WEDGED: no answer"}
+    judge.apply_storm(res, {"a": wedged, "b": wedged})
+    assert [r["verdict"] for r in res["replicas"]] == ["LEAK", "WEDGED"]
+    assert res["replicas"][0]["reasons"] == ["after the abort storm: WEDGED: no answer"]
+    assert "before the storm checks: ZOMBIE" in res["replicas"][1]["reasons"]
+    assert res["verdict"] == "LEAK"
+
+
 def test_cli_fleet_exit_code_and_report(pool, tmp_path):
     router, urls = _fleet(pool, drop_aborts=True)
     r = CliRunner().invoke(app, ["leak-check", "--url", router, "--replica", urls[0], "--replica", urls[1],
                                  "--num-requests", "4", "--zombie-max-tokens", "100", "--zombie-threshold-s", "0.5",
-                                 "--drain-timeout", "10", "--probes-per-replica", "1", "--report", str(tmp_path)],
+                                 "--drain-timeout", "10", "--probes-per-replica", "1", "--storm-requests", "4",
+                                 "--report", str(tmp_path)],
                            env={"COLUMNS": "200"})
     assert r.exit_code == 1, r.output
     assert "verdict: ZOMBIE" in r.output and "hop router -> replica" in r.output
-    assert json.loads((tmp_path / "fleet.json").read_text())["verdict"] == "ZOMBIE"
+    doc = json.loads((tmp_path / "fleet.json").read_text())
+    assert doc["verdict"] == "ZOMBIE"
+    assert all(r["storm"]["storm"]["sent"] == 4 and r["storm"]["wedge"]["completed"] for r in doc["replicas"])
 
 
 @pytest.mark.parametrize("args, words", [

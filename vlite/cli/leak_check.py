@@ -356,7 +356,8 @@ def leak_check(
         opts = FleetOptions(url, list(replica), router_metrics=router_metrics, api_key=api_key, specs=specs,
                             max_concurrency=max_concurrency, probes_per_replica=probes_per_replica,
                             max_tokens=zombie_max_tokens or 128, drain_timeout_s=drain_timeout,
-                            threshold_s=zombie_threshold_s, threshold_steps=zombie_threshold_steps)
+                            threshold_s=zombie_threshold_s, threshold_steps=zombie_threshold_steps,
+                            storm_requests=storm_requests, wedge_timeout_s=wedge_timeout_s)
         sys.exit(run_fleet(opts, console, report))
     if url:
         conn = connect_or_fail(url, server_kind, api_key)

@@ -33,7 +33,7 @@ from vlite.diagnostics.workload.replay import RequestResult
 # binary; it exports the gauges only for load-aware policies (not round_robin).
 ROUTER_IN_FLIGHT = ("vllm_router_running_requests", "vllm_router_worker_load")
 ROUTER_ROUTED = "vllm_router_processed_requests_total"
-ORDER = ("LEAK", "ZOMBIE", "INCONCLUSIVE", "CLEAN")
+ORDER = ("LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT", "ZOMBIE", "INCONCLUSIVE", "CLEAN")
 HOP_ROUTER = "router -> replica"
 HOP_REPLICA = "replica"
 
@@ -181,6 +181,32 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
             "threshold_s": threshold_s, "threshold_steps": threshold_steps}
 
 
+def apply_storm(result: dict, storms: dict[str, dict]) -> dict:
+    """Fold the storm checks of each replica (``targets/storm.py``'s ``judge_after``, keyed by
+    replica URL) into ``judge_fleet``'s result, as ``storm.apply_to`` does for one server: a storm
+    verdict (WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT) replaces CLEAN, ZOMBIE or INCONCLUSIVE (the old
+    verdict stays among the reasons); beside a LEAK, the cause to fix, it is added to the reasons.
+    The fleet's verdict is the worst again. Returns ``result``, changed in place."""
+    for r in result["replicas"]:
+        s = storms.get(r["url"])
+        if s is None:
+            continue
+        r["storm"] = s
+        if not s["verdict"]:
+            continue
+        if r["verdict"] == "LEAK":
+            r["reasons"].append(f"after the abort storm: {s['summary']}")
+            continue
+        if r["verdict"] != "CLEAN":
+            r["reasons"].append(f"before the storm checks: {r['verdict']}")
+        r["verdict"] = s["verdict"]
+        r["reasons"].append(s["summary"])
+    verdicts = [r["verdict"] for r in result["replicas"]] + ([result["router"]["verdict"]]
+                                                              if result["router"]["verdict"] else [])
+    result["verdict"] = min(verdicts, key=ORDER.index) if verdicts else "INCONCLUSIVE"
+    return result
+
+
 def rejudge(doc: dict) -> dict:
     """``judge_fleet`` again on what a run recorded (its ``fleet.json``: ``facts``, ``probes``, the
     router's ``in_flight`` and the thresholds); the verdicts of a recorded live fleet, in CI."""
@@ -204,6 +230,10 @@ def lines(result: dict) -> list[str]:
                    f"{_num(r['kv_idle_before'])} -> {_num(r['kv_idle_after'])} {r['unit']}; zombie bound "
                    f"{r['bound_s']:g} s")
         out += [f"  {why}" for why in r["reasons"]]
+        if r.get("storm"):
+            from vlite.diagnostics.targets.storm import lines as storm_lines
+
+            out += [f"  storm check: {line}" for line in storm_lines(r["storm"])]
     rt = result["router"]
     flight = ("" if rt["in_flight"] is None else " - in flight at idle: "
               + ", ".join(f"{u} {n:g}" for u, n in sorted(rt["in_flight"].items())))

@@ -65,6 +65,8 @@ class FleetOptions:
     threshold_s: float = DEFAULT_THRESHOLD_S
     threshold_steps: int = DEFAULT_THRESHOLD_STEPS
     scrape_s: float = 0.05
+    storm_requests: int = 0
+    wedge_timeout_s: float | None = None
 
 
 @dataclass
@@ -315,7 +317,41 @@ class FleetRun:
             wait_ready(self.router, c)
         self.body = next(iter(self.conns.values())).body
         try:
-            return asyncio.run(self._main())
+            before = self._storm_before() if self.opts.storm_requests else None
+            result = asyncio.run(self._main())
+            if before is not None:
+                judge.apply_storm(result, self._storm_after(before))
+            return result
         except (httpx.HTTPError, MetricsFormatError, KeyError) as exc:
             raise TargetError(f"fleet check: {type(exc).__name__}: {exc}") from exc
+
+    # --- the storm checks (targets/storm.py), per replica -------------------------------
+    def _storm_before(self) -> dict[str, dict]:
+        """Each replica's wedge-probe latencies and output canary, sent to it directly before any
+        client leaves (a replica's canary must be compared with its own output)."""
+        from vlite.diagnostics.targets.storm import measure_before
+
+        self.on_line(f"storm checks: the wedge probe's request and the output canary on each of the "
+                     f"{len(self.conns)} replicas before any client abort")
+        with httpx.Client() as client:
+            return {u: measure_before(client, u, headers=self.headers, body=self.body) for u in self.conns}
+
+    def _storm_after(self, before: dict[str, dict]) -> dict[str, dict]:
+        """The abort storm through the router (a mass disconnect as clients make it), then each
+        replica's wedge probe and canary, sent to it directly."""
+        from vlite.diagnostics.checks.storm import wedge_bound
+        from vlite.diagnostics.targets.storm import abort_storm, fit_max_tokens, judge_after
+
+        with httpx.Client() as client:
+            first = next(iter(self.conns))
+            max_tokens = fit_max_tokens(client, first, self.headers, self.opts.max_tokens)
+            self.on_line(f"abort storm: {self.opts.storm_requests} streamed requests through the router {self.router}, "
+                         "cut together")
+            storm = asyncio.run(abort_storm(self.router, self.opts.storm_requests, headers=self.headers,
+                                            body=self.body, max_tokens=max_tokens))
+            out = {}
+            for u, b in before.items():
+                bound = wedge_bound(b["probe_latencies_s"], override_s=self.opts.wedge_timeout_s)
+                out[u] = judge_after(client, u, b, bound, storm, headers=self.headers, body=self.body)
+            return out
 
