@@ -132,6 +132,17 @@ def http_greedy(base: str, client: httpx.Client):
     return run
 
 
+def server_max_model_len(base: str, client: httpx.Client) -> int | None:
+    """The served model's max_model_len (tokens) from ``/v1/models`` (vLLM's and vlite's
+    ``max_model_len`` field), or None when the server does not say."""
+    try:
+        data = client.get(f"{base}/v1/models").json().get("data") or [{}]
+        value = data[0].get("max_model_len")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = None,
                      timeout_s: float = IDLE_TIMEOUT_S) -> bool:
     """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
@@ -154,7 +165,7 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
 
 
 async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
-                  probe, stop=None, interrupt_drain_s: float = 5.0) -> ReplayResult:
+                  probe, stop=None, interrupt_drain_s: float = 5.0, max_model_len: int | None = None) -> ReplayResult:
     results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
     out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
     ordered = sorted(specs, key=lambda s: s.arrival_s)
@@ -168,7 +179,7 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
         await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
         async with sem:
             if not stopped():
-                await send_request(base, spec, results[spec.request_id])
+                await send_request(base, spec, results[spec.request_id], max_model_len=max_model_len)
 
     async with httpx.AsyncClient(timeout=10.0) as admin:
         await _wait_idle(base, admin)
@@ -263,7 +274,8 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
 
     t0 = time.time()
     try:
-        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop))
+        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop,
+                                     max_model_len=server_max_model_len(base, sync)))
     finally:
         sampler.stop()
     sampler.sample()

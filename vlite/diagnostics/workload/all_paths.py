@@ -42,6 +42,7 @@ import random
 
 from vlite.diagnostics.workload.actions import ClientAction, plan_action
 from vlite.diagnostics.workload.sources import (
+    OVER_MAX_MODEL_LEN,
     RequestSpec,
     seeded_arrivals,
     shared_prefix,
@@ -54,7 +55,10 @@ KINDS: dict[str, float] = {"plain": 0.20, "shared-prefix": 0.14, "samples": 0.10
 # (kind, client action) planned right after the first cycle when the run aborts at all
 # (beam search streams nothing before it ends: its probe is a client that times out mid-decode)
 ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"), ("beam", "client-timeout"),
-                ("structured", "abort-after-tokens"))
+                ("structured", "abort-after-tokens"), ("structured", "abort-waiting"),
+                ("multi-prompt-rejected", "complete"), ("rejected-after-admission", "complete"))
+# ... over HTTP also the chat route with each client action (the completions route has them above)
+API_PROBES = (("chat-eos", "abort-waiting"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"))
 # Structured-output forms, in turn (StructuredOutputsParams fields).
 STRUCTURED_FORMS = (
     {"json": {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
@@ -64,6 +68,9 @@ STRUCTURED_FORMS = (
     {"grammar": 'start: "x" NUM+\nNUM: /[0-9]/'},
     {"json_object": True},
 )
+# A choice constraint with allowed_token_ids [0] (a special token in the vocabularies we know): after
+# its prefill the engine finds no token both allow and ends it for its own parameters (a 400)
+REJECTED_CHOICE = ("yes", "no")
 KNOB_TOKEN_IDS = tuple(range(100, 164))  # token ids every vocabulary has (logit_bias, allowed_token_ids)
 NUM_PREFIXES = 4
 PREFIX_LEN = 48  # tokens: three full 16-token blocks
@@ -102,6 +109,8 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         # tokens instead of by a client timeout, which a busy run lets fire while it still waits
         probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
         probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
+    elif probes:
+        probes += API_PROBES
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
     for i, t in enumerate(arrivals):
         kind = cycle[i] if i < len(cycle) else rng.choices(names, weights)[0]
@@ -115,7 +124,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
             kind, probe = probes[i - len(cycle)]
             # an n > 1 prefill probe: 2 samples, few tokens (the engine admits n x (prompt + max_tokens))
             n_out = 8 if probe == "abort-prefill" else max(n_out, 12)
-            action = (ClientAction(probe, after_tokens=2) if probe == "abort-after-tokens"
+            action = (ClientAction(probe, after_tokens=2) if probe in ("abort-after-tokens", "disconnect-stream")
                       else ClientAction(probe, timeout_s=0.3) if probe == "client-timeout" else ClientAction(probe))
             if probe in ("abort-preempted", "abort-resumed"):
                 n_out = max(n_out, LATE_OUTPUT)
@@ -161,8 +170,16 @@ def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientActi
     if kind == "beam":
         return RequestSpec(rid, t, prompt, n_in, max(4, n_out // 2), action, n=2, beam_width=3, client_tag=tag)
     if kind == "chat-eos":
+        if action.kind == "client-timeout":  # long enough to outlast the client's timeout
+            return RequestSpec(rid, t, rng.choice(CHAT_MESSAGES), 16, 128, action, chat=True, client_tag=tag)
         return RequestSpec(rid, t, rng.choice(CHAT_MESSAGES), 16, 48, action, ignore_eos=False, chat=True,
                            client_tag=tag)
+    if kind == "multi-prompt-rejected":  # the second prompt cannot fit: refused after the first was admitted
+        return RequestSpec(rid, t, prompt, n_in, n_out, action, client_tag=tag, extra_prompts=(OVER_MAX_MODEL_LEN,))
+    if kind == "rejected-after-admission":  # admitted and prefilled, then refused: no allowed token fits the choice
+        return RequestSpec(rid, t, prompt, n_in, 8, action, ignore_eos=False, client_tag=tag,
+                           extra_params={"structured_outputs": {"choice": list(REJECTED_CHOICE)},
+                                         "allowed_token_ids": [0]})
     if kind == "structured":
         form = STRUCTURED_FORMS[nth % len(STRUCTURED_FORMS)]
         return RequestSpec(rid, t, prompt, n_in, max(12, n_out), action, ignore_eos=False, client_tag=tag,
