@@ -174,6 +174,14 @@ MUTANTS = [
            "engine/output_processor.py", "        primary = req.seqs[0]\n",
            "        primary = req.seqs[0]\n        if req.is_finished:\n"
            "            self.__dict__.setdefault(\"last_buffers\", []).append(bytearray(4096))\n"),
+    # Issue 42, every API path: a multi-prompt completion with one prompt refused after the others
+    # were admitted (sglang#28380, vllm#27420): the admitted prompts are not aborted, so they keep
+    # their blocks and decode for a client that already had its error
+    Mutant("multi-prompt-rejection-keeps-admitted", "multi-prompt rejection",
+           "when one prompt of a multi-prompt request is refused, the prompts admitted before it are not aborted",
+           "engine/llm_engine.py",
+           "            for rid in added:\n                self.abort(rid)\n"
+           "                self.rejection_counts[\"sibling rejected\"] += 1\n", ""),
     Mutant("samples-abort-prefill-drops-tables", "abort (n > 1, chunked prefill)",
            "aborting an n > 1 request during its chunked prefill drops the tables without a free",
            "engine/core/scheduler.py",

@@ -12,7 +12,6 @@ origin of any block still held. The read-only methods at the bottom delegate to
 from __future__ import annotations
 
 import collections
-
 import dataclasses
 import itertools
 import logging

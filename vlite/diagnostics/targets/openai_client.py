@@ -19,7 +19,6 @@ from vlite.diagnostics.targets.base import TargetError
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec, engine_request_ids, expand_prompts
 
-
 # A server whose max_model_len is unknown: a prompt over this many tokens stands for one too long.
 FALLBACK_MAX_MODEL_LEN = 32768
 
