@@ -270,7 +270,8 @@ def blame(report: Path) -> str:
         parts.append(f"{len(r['unattributed'])} unattributed")
     z = r.get("zombies") or {}
     if z.get("zombies"):
-        parts.append(f"{len(z['zombies'])} zombies")
+        first = z["zombies"][0]
+        parts.append(f"{len(z['zombies'])} zombies (first {first.get('request_id')}: {first.get('client_action')})")
     return "; ".join(parts) or r.get("summary", "")
 
 
