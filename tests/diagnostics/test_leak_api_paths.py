@@ -66,7 +66,7 @@ def test_the_default_workload_takes_the_new_paths_in_process_and_the_routes_over
     assert any(s.action.kind == "abort-waiting" for s in by_tag["path:structured"])
     over_http = all_paths_workload(60, in_process=False)
     chat_actions = {s.action.kind for s in over_http if s.chat}
-    assert {"abort-waiting", "disconnect-stream", "client-timeout"} <= chat_actions
+    assert {"abort-prefill", "disconnect-stream", "client-timeout"} <= chat_actions
     completions_actions = {s.action.kind for s in over_http if not s.chat}
     assert {"abort-prefill", "abort-after-tokens", "client-timeout"} <= completions_actions
 

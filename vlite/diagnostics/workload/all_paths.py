@@ -39,6 +39,7 @@ cannot see a preemption over HTTP). Preemption itself needs a KV budget smaller 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from vlite.diagnostics.workload.actions import ClientAction, plan_action
 from vlite.diagnostics.workload.sources import (
@@ -58,7 +59,11 @@ ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"),
                 ("structured", "abort-after-tokens"), ("structured", "abort-waiting"),
                 ("multi-prompt-rejected", "complete"), ("rejected-after-admission", "complete"))
 # ... over HTTP also the chat route with each client action (the completions route has them above)
-API_PROBES = (("chat-eos", "abort-waiting"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"))
+API_PROBES = (("chat-eos", "abort-prefill"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"))
+# A chat probe: 136 more prompt tokens and 256 output tokens (ignore_eos), which fit a 512-token
+# max_model_len; its client times out after 0.05 s, before it ends even on a tiny model
+API_PROBE_OUTPUT = 256
+API_PROBE_TIMEOUT_S = 0.05
 # Structured-output forms, in turn (StructuredOutputsParams fields).
 STRUCTURED_FORMS = (
     {"json": {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
@@ -135,7 +140,15 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         if action.kind in ("abort-preempted", "abort-resumed"):
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
-        specs.append(_make(kind, i, t, n_in, n_out, action, rng, prefix, nth))
+        spec = _make(kind, i, t, n_in, n_out, action, rng, prefix, nth)
+        if 0 <= i - len(cycle) < len(probes) and probes[i - len(cycle)] in API_PROBES:
+            # the chat route's probe must still run when its client acts: a long answer (no EOS)
+            # behind a long prompt (a prefill of its own), so the client leaves before it ends
+            spec = replace(spec, prompt=spec.prompt + " " + synthetic_prompt(rng, LONG_PROMPT_SAMPLES),
+                           prompt_len=16 + LONG_PROMPT_SAMPLES, max_tokens=API_PROBE_OUTPUT, ignore_eos=True,
+                           action=ClientAction("client-timeout", timeout_s=API_PROBE_TIMEOUT_S)
+                           if action.kind == "client-timeout" else action)
+        specs.append(spec)
     wave = wave_size or max(1, num_requests // 5)
     late = ("abort-preempted", "abort-resumed")
     out = []
@@ -170,8 +183,6 @@ def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientActi
     if kind == "beam":
         return RequestSpec(rid, t, prompt, n_in, max(4, n_out // 2), action, n=2, beam_width=3, client_tag=tag)
     if kind == "chat-eos":
-        if action.kind == "client-timeout":  # long enough to outlast the client's timeout
-            return RequestSpec(rid, t, rng.choice(CHAT_MESSAGES), 16, 128, action, chat=True, client_tag=tag)
         return RequestSpec(rid, t, rng.choice(CHAT_MESSAGES), 16, 48, action, ignore_eos=False, chat=True,
                            client_tag=tag)
     if kind == "multi-prompt-rejected":  # the second prompt cannot fit: refused after the first was admitted
