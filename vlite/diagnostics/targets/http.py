@@ -132,13 +132,13 @@ def http_greedy(base: str, client: httpx.Client):
     return run
 
 
-def server_max_model_len(base: str, client: httpx.Client) -> int | None:
+def server_max_model_len(base: str, client: httpx.Client, headers: dict | None = None) -> int | None:
     """The served model's max_model_len (tokens) from ``/v1/models`` (vLLM's and vlite's
     ``max_model_len`` field), or None when the server does not say."""
     try:
-        data = client.get(f"{base}/v1/models").json().get("data") or [{}]
+        data = client.get(f"{base}/v1/models", headers=headers).json().get("data") or [{}]
         value = data[0].get("max_model_len")
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError, IndexError):
         return None
     return int(value) if isinstance(value, int) and value > 0 else None
 
