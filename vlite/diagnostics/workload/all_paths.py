@@ -28,7 +28,12 @@ After the first cycle through the kinds, when the run aborts in ``mix`` mode, *a
 make sure the request families whose bookkeeping differs are aborted where it matters: n > 1
 with a long prompt during its chunked prefill, n > 1 during decode, beam search during decode,
 structured output during decode, and in process a plain request after its preemption and one
-after its resumption.
+after its resumption. Then (issue 42) a structured-output request aborted while it waits; a
+multi-prompt completion whose second prompt is longer than max_model_len (refused after the
+first was admitted: ``sources.OVER_MAX_MODEL_LEN``); a request the engine admits and prefills,
+then refuses for its own parameters (a choice constraint with ``allowed_token_ids`` [0]); and
+over HTTP the chat route with each client action (a long prompt and answer, so that the client
+leaves before it ends: ``API_PROBES``).
 
 Client actions come from ``--abort-rate`` / ``--abort-mode`` as for the plain synthetic
 workload; in process, ``mix`` also draws ``abort-preempted`` and ``abort-resumed`` (a client
