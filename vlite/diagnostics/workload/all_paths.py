@@ -61,8 +61,12 @@ KINDS: dict[str, float] = {"plain": 0.20, "shared-prefix": 0.14, "samples": 0.10
 # (kind, client action) planned right after the first cycle when the run aborts at all
 # (beam search streams nothing before it ends: its probe is a client that times out mid-decode)
 ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"), ("beam", "client-timeout"),
-                ("structured", "abort-after-tokens"), ("structured", "abort-waiting"),
-                ("multi-prompt-rejected", "complete"), ("rejected-after-admission", "complete"))
+                ("structured", "abort-after-tokens"))
+# Issue 42, after those (and after the in-process preemption probes, so that a small run keeps
+# its first requests): a constraint aborted while waiting, a multi-prompt request with one
+# prompt refused, a request refused once running
+API_PATH_PROBES = (("structured", "abort-waiting"), ("multi-prompt-rejected", "complete"),
+                   ("rejected-after-admission", "complete"))
 # ... over HTTP also the chat route with each client action (the completions route has them above)
 API_PROBES = (("chat-eos", "abort-prefill"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"))
 # A chat probe: 136 more prompt tokens and 256 output tokens (ignore_eos), which fit a 512-token
@@ -118,9 +122,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         # ... and a beam search's decode progress, though it streams nothing: abort it after
         # tokens instead of by a client timeout, which a busy run lets fire while it still waits
         probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
-        probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
+        probes += (("plain", "abort-preempted"), ("plain", "abort-resumed")) + API_PATH_PROBES
     elif probes:
-        probes += API_PROBES
+        probes += API_PATH_PROBES + API_PROBES
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
     for i, t in enumerate(arrivals):
         kind = cycle[i] if i < len(cycle) else rng.choices(names, weights)[0]
