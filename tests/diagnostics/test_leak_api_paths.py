@@ -12,7 +12,7 @@ from vlite.diagnostics.checks import coverage
 from vlite.diagnostics.checks.zombie import zombie_check
 from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
-from vlite.diagnostics.workload.all_paths import all_paths_workload
+from vlite.diagnostics.workload.all_paths import all_paths_workload, suggest_num_blocks
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import OVER_MAX_MODEL_LEN, RequestSpec, engine_request_ids, expand_prompts
 from vlite.engine import EngineRequest, EngineView, RequestOrigin, RequestRejectedError, SamplingParams
@@ -59,12 +59,17 @@ def test_the_default_workload_takes_the_new_paths_in_process_and_the_routes_over
     by_tag = {}
     for s in inproc:
         by_tag.setdefault(s.client_tag, []).append(s)
-    (multi,) = by_tag["path:multi-prompt-rejected"]
+    (multi,) = by_tag["probe:multi-prompt-rejected"]
     assert multi.extra_prompts == (OVER_MAX_MODEL_LEN,) and not multi.action.is_abort
-    (refused,) = by_tag["path:rejected-after-admission"]
+    (refused,) = by_tag["probe:rejected-after-admission"]
     assert refused.extra_params["allowed_token_ids"] == [0] and "choice" in refused.extra_params["structured_outputs"]
-    assert any(s.action.kind == "abort-waiting" for s in by_tag["path:structured"])
+    (waiting,) = by_tag["probe:structured"]
+    assert waiting.action.kind == "abort-waiting" and "structured_outputs" in waiting.extra_params
+    # extra requests after the 60 drawn ones, which need no KV pool of their own
+    assert len(inproc) == 63 and all(s.client_tag.startswith("path:") for s in inproc[:60])
+    assert suggest_num_blocks(inproc, 12) == suggest_num_blocks(inproc[:60], 12)
     over_http = all_paths_workload(60, in_process=False)
+    assert len(over_http) == 66
     chat_actions = {s.action.kind for s in over_http if s.chat}
     assert {"abort-prefill", "disconnect-stream", "client-timeout"} <= chat_actions
     completions_actions = {s.action.kind for s in over_http if not s.chat}

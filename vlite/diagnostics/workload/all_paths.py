@@ -28,9 +28,10 @@ After the first cycle through the kinds, when the run aborts in ``mix`` mode, *a
 make sure the request families whose bookkeeping differs are aborted where it matters: n > 1
 with a long prompt during its chunked prefill, n > 1 during decode, beam search during decode,
 structured output during decode, and in process a plain request after its preemption and one
-after its resumption. Then (issue 42) a structured-output request aborted while it waits; a
-multi-prompt completion whose second prompt is longer than max_model_len (refused after the
-first was admitted: ``sources.OVER_MAX_MODEL_LEN``); a request the engine admits and prefills,
+after its resumption. After the drawn requests come a few extra ones (issue 42): a structured-output request
+aborted while it waits; a multi-prompt completion whose second prompt is longer than
+max_model_len (refused after the first was admitted: ``sources.OVER_MAX_MODEL_LEN``); a request
+the engine admits and prefills,
 then refuses for its own parameters (a choice constraint with ``allowed_token_ids`` [0]); and
 over HTTP the chat route with each client action (a long prompt and answer, so that the client
 leaves before it ends: ``API_PROBES``).
@@ -62,9 +63,9 @@ KINDS: dict[str, float] = {"plain": 0.20, "shared-prefix": 0.14, "samples": 0.10
 # (beam search streams nothing before it ends: its probe is a client that times out mid-decode)
 ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"), ("beam", "client-timeout"),
                 ("structured", "abort-after-tokens"))
-# Issue 42, after those (and after the in-process preemption probes, so that a small run keeps
-# its first requests): a constraint aborted while waiting, a multi-prompt request with one
-# prompt refused, a request refused once running
+# Issue 42, extra requests after the drawn ones (so that every drawn request stays as it was):
+# a constraint aborted while waiting, a multi-prompt request with one prompt refused, a request
+# refused once running (over HTTP then the chat route's probes)
 API_PATH_PROBES = (("structured", "abort-waiting"), ("multi-prompt-rejected", "complete"),
                    ("rejected-after-admission", "complete"))
 # ... over HTTP also the chat route with each client action (the completions route has them above)
@@ -102,7 +103,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
                        output_len: tuple[int, int] = (8, 32), request_rate: float = float("inf"),
                        abort_rate: float = 0.3, abort_mode: str = "mix", seed: int = 0, prefix: str = "lc",
                        in_process: bool = True, wave_size: int | None = None) -> list[RequestSpec]:
-    """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate).
+    """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate),
+    then, when the run aborts in ``mix`` mode, the extra probes of issue 42 (3 in process, 6 over
+    HTTP; client tag ``probe:<kind>``).
 
     A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
     256-token step budget really chunks it. Within each wave of ``wave_size`` requests
@@ -122,10 +125,17 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         # ... and a beam search's decode progress, though it streams nothing: abort it after
         # tokens instead of by a client timeout, which a busy run lets fire while it still waits
         probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
-        probes += (("plain", "abort-preempted"), ("plain", "abort-resumed")) + API_PATH_PROBES
-    elif probes:
-        probes += API_PATH_PROBES + API_PROBES
+        probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
+    # the issue-42 probes come after the drawn requests, as extra ones: every drawn request, and
+    # the KV pool sized for them (suggest_num_blocks), stays as it was before they came
+    tail = (API_PATH_PROBES + (() if in_process else API_PROBES)) if probes else ()
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
+    arrivals = arrivals + [arrivals[-1]] * len(tail)
+
+    def probe_at(i: int) -> tuple[str, str] | None:
+        if 0 <= i - len(cycle) < len(probes):
+            return probes[i - len(cycle)]
+        return tail[i - num_requests] if i >= num_requests else None
     for i, t in enumerate(arrivals):
         kind = cycle[i] if i < len(cycle) else rng.choices(names, weights)[0]
         n_in, n_out = rng.randint(*input_len), rng.randint(*output_len)
@@ -134,8 +144,8 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
             action = ClientAction(rng.choice(("abort-preempted", "abort-resumed")))
         if i == len(cycle) - 1:
             action = ClientAction()  # the prefix hit must happen: this one runs to the end
-        if 0 <= i - len(cycle) < len(probes):
-            kind, probe = probes[i - len(cycle)]
+        if probe_at(i) is not None:
+            kind, probe = probe_at(i)
             # an n > 1 prefill probe: 2 samples, few tokens (the engine admits n x (prompt + max_tokens))
             n_out = 8 if probe == "abort-prefill" else max(n_out, 12)
             action = (ClientAction(probe, after_tokens=2) if probe in ("abort-after-tokens", "disconnect-stream")
@@ -150,7 +160,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
         spec = _make(kind, i, t, n_in, n_out, action, rng, prefix, nth)
-        if 0 <= i - len(cycle) < len(probes) and probes[i - len(cycle)] in API_PROBES:
+        if i >= num_requests:  # an extra probe (issue 42), named as such
+            spec = replace(spec, client_tag=f"probe:{kind}")
+        if probe_at(i) in API_PROBES:
             # the chat route's probe must still run when its client acts: a long answer (no EOS)
             # behind a long prompt (a prefill of its own), so the client leaves before it ends
             spec = replace(spec, prompt=spec.prompt + " " + synthetic_prompt(rng, LONG_PROMPT_SAMPLES),
@@ -173,7 +185,7 @@ def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int
     def need(s: RequestSpec) -> int:
         return max(s.n, s.beam_width) * -(-(s.prompt_len + s.max_tokens + 8) // block_size)
 
-    demands = [need(s) for s in specs]
+    demands = [need(s) for s in specs if not (s.client_tag or "").startswith("probe:")]  # the extra probes: none
     waves = [sum(demands[i:i + wave_size]) for i in range(0, len(demands), max(1, wave_size))]
     return max(max(demands) + 4, sum(waves) // max(1, len(waves)) // 4)
 
@@ -197,7 +209,7 @@ def _make(kind: str, i: int, t: float, n_in: int, n_out: int, action: ClientActi
     if kind == "multi-prompt-rejected":  # the second prompt cannot fit: refused after the first was admitted
         return RequestSpec(rid, t, prompt, n_in, n_out, action, client_tag=tag, extra_prompts=(OVER_MAX_MODEL_LEN,))
     if kind == "rejected-after-admission":  # admitted and prefilled, then refused: no allowed token fits the choice
-        return RequestSpec(rid, t, prompt, n_in, 8, action, ignore_eos=False, client_tag=tag,
+        return RequestSpec(rid, t, prompt, n_in, n_out, action, ignore_eos=False, client_tag=tag,
                            extra_params={"structured_outputs": {"choice": list(REJECTED_CHOICE)},
                                          "allowed_token_ids": [0]})
     if kind == "structured":
