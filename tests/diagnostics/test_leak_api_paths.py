@@ -12,7 +12,7 @@ from vlite.diagnostics.checks import coverage
 from vlite.diagnostics.checks.zombie import zombie_check
 from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.actions import ClientAction
-from vlite.diagnostics.workload.all_paths import all_paths_workload, suggest_num_blocks
+from vlite.diagnostics.workload.all_paths import all_paths_workload, is_extra_probe, suggest_num_blocks
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import OVER_MAX_MODEL_LEN, RequestSpec, engine_request_ids, expand_prompts
 from vlite.engine import EngineRequest, EngineView, RequestOrigin, RequestRejectedError, SamplingParams
@@ -65,9 +65,13 @@ def test_the_default_workload_takes_the_new_paths_in_process_and_the_routes_over
     assert refused.extra_params["allowed_token_ids"] == [0] and "choice" in refused.extra_params["structured_outputs"]
     (waiting,) = by_tag["probe:structured"]
     assert waiting.action.kind == "abort-waiting" and "structured_outputs" in waiting.extra_params
-    # extra requests after the 60 drawn ones, which need no KV pool of their own
-    assert len(inproc) == 63 and all(s.client_tag.startswith("path:") for s in inproc[:60])
-    assert suggest_num_blocks(inproc, 12) == suggest_num_blocks(inproc[:60], 12)
+    # extra requests at the head of the last wave (48 = 4 waves of 12), outside the pool sizing
+    assert len(inproc) == 63 and [is_extra_probe(s) for s in inproc].index(True) == 48
+    drawn = [s for s in inproc if not is_extra_probe(s)]
+    assert len(drawn) == 60 and suggest_num_blocks(inproc, 12) == suggest_num_blocks(drawn, 12)
+    from vlite.diagnostics.targets.http import waves_of
+
+    assert [len(w) for w in waves_of(inproc, 12)] == [12, 12, 12, 12, 15]
     over_http = all_paths_workload(60, in_process=False)
     assert len(over_http) == 66
     chat_actions = {s.action.kind for s in over_http if s.chat}

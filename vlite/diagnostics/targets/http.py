@@ -164,6 +164,22 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
     return False
 
 
+def waves_of(ordered: list[RequestSpec], idle_every: int) -> list[list[RequestSpec]]:
+    """``ordered`` cut into waves of ``idle_every`` requests (all in one for 0); the extra probes
+    of issue 42 (``all_paths.is_extra_probe``) ride in the wave they are in, uncounted."""
+    from vlite.diagnostics.workload.all_paths import is_extra_probe
+
+    waves: list[list[RequestSpec]] = [[]]
+    counted = 0
+    for spec in ordered:
+        if idle_every and counted == idle_every:
+            waves.append([])
+            counted = 0
+        waves[-1].append(spec)
+        counted += 0 if is_extra_probe(spec) else 1
+    return [w for w in waves if w]
+
+
 async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
                   probe, stop=None, interrupt_drain_s: float = 5.0, max_model_len: int | None = None) -> ReplayResult:
     results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
@@ -184,9 +200,7 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
     async with httpx.AsyncClient(timeout=10.0) as admin:
         await _wait_idle(base, admin)
         out.idle_points.append(IdlePoint(time.time(), 0, *probe()))
-        step = idle_every or len(ordered)
-        for i in range(0, len(ordered), step):
-            wave = ordered[i:i + step]
+        for wave in waves_of(ordered, idle_every):
             if stopped():
                 break
             task = asyncio.ensure_future(asyncio.gather(*(launch(s) for s in wave)))

@@ -28,6 +28,7 @@ from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
+from vlite.diagnostics.workload.all_paths import is_extra_probe
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
 from vlite.diagnostics.workload.sources import RequestSpec, engine_request_ids, expand_prompts
 from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
@@ -96,7 +97,7 @@ class InProcessClient:
             wave_full = idle_every > 0 and in_wave >= idle_every
             while queue and not wave_full and len(inflight) < max_concurrency and queue[0].arrival_s <= now - t0:
                 spec = queue.popleft()
-                in_wave += 1
+                in_wave += 0 if is_extra_probe(spec) else 1
                 wave_full = idle_every > 0 and in_wave >= idle_every
                 admitted = self._admit(spec, results[spec.request_id], results)
                 for rid in admitted:

@@ -126,8 +126,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         # tokens instead of by a client timeout, which a busy run lets fire while it still waits
         probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
         probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
-    # the issue-42 probes come after the drawn requests, as extra ones: every drawn request, and
-    # the KV pool sized for them (suggest_num_blocks), stays as it was before they came
+    # the issue-42 probes are extra requests at the head of the last wave: every drawn request, the
+    # waves (``is_extra_probe``: not counted) and the KV pool sized for them (suggest_num_blocks)
+    # stay as they were before they came
     tail = (API_PATH_PROBES + (() if in_process else API_PROBES)) if probes else ()
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
     arrivals = arrivals + [arrivals[-1]] * len(tail)
@@ -172,11 +173,19 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         specs.append(spec)
     wave = wave_size or max(1, num_requests // 5)
     late = ("abort-preempted", "abort-resumed")
+    drawn, extra = specs[:num_requests], specs[num_requests:]
     out = []
-    for start in range(0, len(specs), wave):
-        chunk = specs[start:start + wave]
+    for start in range(0, len(drawn), wave):
+        chunk = drawn[start:start + wave]
         out += [s for s in chunk if s.action.kind not in late] + [s for s in chunk if s.action.kind in late]
-    return out
+    last = (len(drawn) - 1) // wave * wave  # the extra probes open the last wave (no wave of their own)
+    return out[:last] + extra + out[last:]
+
+
+def is_extra_probe(spec: RequestSpec) -> bool:
+    """An extra probe of issue 42 (client tag ``probe:<kind>``): it rides in the last wave and is
+    not counted in a wave's size (``--idle-every``), so the drawn requests' waves stay the same."""
+    return (spec.client_tag or "").startswith("probe:")
 
 
 def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int = 16) -> int:
@@ -185,7 +194,7 @@ def suggest_num_blocks(specs: list[RequestSpec], wave_size: int, block_size: int
     def need(s: RequestSpec) -> int:
         return max(s.n, s.beam_width) * -(-(s.prompt_len + s.max_tokens + 8) // block_size)
 
-    demands = [need(s) for s in specs if not (s.client_tag or "").startswith("probe:")]  # the extra probes: none
+    demands = [need(s) for s in specs if not is_extra_probe(s)]  # the extra probes hold no pool
     waves = [sum(demands[i:i + wave_size]) for i in range(0, len(demands), max(1, wave_size))]
     return max(max(demands) + 4, sum(waves) // max(1, len(waves)) // 4)
 
