@@ -126,7 +126,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         # tokens instead of by a client timeout, which a busy run lets fire while it still waits
         probes = tuple((k, "abort-after-tokens" if k == "beam" else p) for k, p in probes)
         probes += (("plain", "abort-preempted"), ("plain", "abort-resumed"))
-    # the issue-42 probes are extra requests at the head of the last wave: every drawn request, the
+    # the issue-42 probes are extra requests at the head of the first wave: every drawn request, the
     # waves (``is_extra_probe``: not counted) and the KV pool sized for them (suggest_num_blocks)
     # stay as they were before they came
     tail = (API_PATH_PROBES + (() if in_process else API_PROBES)) if probes else ()
@@ -178,12 +178,14 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     for start in range(0, len(drawn), wave):
         chunk = drawn[start:start + wave]
         out += [s for s in chunk if s.action.kind not in late] + [s for s in chunk if s.action.kind in late]
-    last = (len(drawn) - 1) // wave * wave  # the extra probes open the last wave (no wave of their own)
-    return out[:last] + extra + out[last:]
+    # the extra probes open the first wave (no wave of their own): what they allocate once (the
+    # tokenizer's work on a prompt over max_model_len) falls in the warm-up, which the
+    # host-memory fit leaves out
+    return extra + out
 
 
 def is_extra_probe(spec: RequestSpec) -> bool:
-    """An extra probe of issue 42 (client tag ``probe:<kind>``): it rides in the last wave and is
+    """An extra probe of issue 42 (client tag ``probe:<kind>``): it rides in the first wave and is
     not counted in a wave's size (``--idle-every``), so the drawn requests' waves stay the same."""
     return (spec.client_tag or "").startswith("probe:")
 
