@@ -73,7 +73,7 @@ def test_the_default_workload_takes_the_new_paths_in_process_and_the_routes_over
 
     assert [len(w) for w in waves_of(inproc, 12)] == [15, 12, 12, 12, 12]
     over_http = all_paths_workload(60, in_process=False)
-    assert len(over_http) == 66
+    assert len(over_http) == 68
     chat_actions = {s.action.kind for s in over_http if s.chat}
     assert {"abort-prefill", "disconnect-stream", "client-timeout"} <= chat_actions
     completions_actions = {s.action.kind for s in over_http if not s.chat}

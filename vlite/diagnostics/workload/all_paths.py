@@ -69,10 +69,14 @@ ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"),
 API_PATH_PROBES = (("structured", "abort-waiting"), ("multi-prompt-rejected", "complete"),
                    ("rejected-after-admission", "complete"))
 # ... over HTTP also the chat route with each client action (the completions route has them above)
-API_PROBES = (("chat-eos", "abort-prefill"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"))
-# A chat probe: 136 more prompt tokens and 256 output tokens (ignore_eos), which fit a 512-token
-# max_model_len; its client times out after 0.05 s, before it ends even on a tiny model
-API_PROBE_OUTPUT = 256
+API_PROBES = (("chat-eos", "abort-prefill"), ("chat-eos", "disconnect-stream"), ("chat-eos", "client-timeout"),
+              ("plain", "abort-prefill"), ("plain", "client-timeout"))  # ... and the completions route's two
+# that the drawn requests and abort probes leave to timing (their requests may end first)
+# A chat probe: 64 more prompt tokens and 128 output tokens (ignore_eos): about 15 blocks of 16,
+# which fit a 25-block pool and a 512-token max_model_len; its client times out after 0.05 s,
+# before it ends even on a tiny model
+API_PROBE_PROMPT = 64
+API_PROBE_OUTPUT = 128
 API_PROBE_TIMEOUT_S = 0.05
 # Structured-output forms, in turn (StructuredOutputsParams fields).
 STRUCTURED_FORMS = (
@@ -104,7 +108,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
                        abort_rate: float = 0.3, abort_mode: str = "mix", seed: int = 0, prefix: str = "lc",
                        in_process: bool = True, wave_size: int | None = None) -> list[RequestSpec]:
     """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate),
-    then, when the run aborts in ``mix`` mode, the extra probes of issue 42 (3 in process, 6 over
+    then, when the run aborts in ``mix`` mode, the extra probes of issue 42 (3 in process, 8 over
     HTTP; client tag ``probe:<kind>``).
 
     A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
@@ -166,8 +170,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
         if probe_at(i) in API_PROBES:
             # the chat route's probe must still run when its client acts: a long answer (no EOS)
             # behind a long prompt (a prefill of its own), so the client leaves before it ends
-            spec = replace(spec, prompt=spec.prompt + " " + synthetic_prompt(rng, LONG_PROMPT_SAMPLES),
-                           prompt_len=16 + LONG_PROMPT_SAMPLES, max_tokens=API_PROBE_OUTPUT, ignore_eos=True,
+            more = synthetic_prompt(rng, API_PROBE_PROMPT)
+            spec = replace(spec, prompt=spec.prompt + " " + more if spec.chat else more,
+                           prompt_len=16 + API_PROBE_PROMPT, max_tokens=API_PROBE_OUTPUT, ignore_eos=True,
                            action=ClientAction("client-timeout", timeout_s=API_PROBE_TIMEOUT_S)
                            if action.kind == "client-timeout" else action)
         specs.append(spec)
