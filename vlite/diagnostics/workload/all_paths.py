@@ -108,8 +108,9 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
                        abort_rate: float = 0.3, abort_mode: str = "mix", seed: int = 0, prefix: str = "lc",
                        in_process: bool = True, wave_size: int | None = None) -> list[RequestSpec]:
     """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate),
-    then, when the run aborts in ``mix`` mode, the extra probes of issue 42 (3 in process, 8 over
-    HTTP; client tag ``probe:<kind>``).
+    then, when the run aborts in ``mix`` mode and has room for every abort probe (17 requests in
+    process, 15 over HTTP), the extra probes of issue 42 (3 in process, 8 over HTTP; client tag
+    ``probe:<kind>``).
 
     A request planned to abort during prefill gets a ``LONG_PROMPT``-token prompt, so that a
     256-token step budget really chunks it. Within each wave of ``wave_size`` requests
@@ -133,8 +134,10 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
     # the issue-42 probes are extra requests at the head of the first wave: every drawn request, the
     # waves (``is_extra_probe``: not counted) and the KV pool sized for them (suggest_num_blocks)
     # stay as they were before they came
-    tail = (API_PATH_PROBES + (() if in_process else API_PROBES)) if probes else ()
     cycle = names + ["shared-prefix"]  # a second shared-prefix request, admitted later: a certain prefix hit
+    # (only in a run long enough for every abort probe: a smaller one stays as it was)
+    tail = ((API_PATH_PROBES + (() if in_process else API_PROBES))
+            if probes and num_requests >= len(cycle) + len(probes) else ())
     arrivals = arrivals + [arrivals[-1]] * len(tail)
 
     def probe_at(i: int) -> tuple[str, str] | None:
