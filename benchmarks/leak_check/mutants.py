@@ -207,6 +207,14 @@ MUTANTS = [
            "                    self.prompt_cache_tokens -= len(cache.popitem(last=False)[1])\n"
            "            else:\n"
            "                cache.move_to_end(prompt)\n", expect_clean=True),
+    # Issue 42, every API path: a multi-prompt completion with one prompt refused after the others
+    # were admitted (sglang#28380, vllm#27420): the admitted prompts are not aborted, so they keep
+    # their blocks and decode for a client that already had its error
+    Mutant("multi-prompt-rejection-keeps-admitted", "multi-prompt rejection",
+           "when one prompt of a multi-prompt request is refused, the prompts admitted before it are not aborted",
+           "engine/llm_engine.py",
+           "            for rid in added:\n                self.abort(rid)\n"
+           "                self.rejection_counts[\"sibling rejected\"] += 1\n", ""),
     Mutant("samples-abort-prefill-drops-tables", "abort (n > 1, chunked prefill)",
            "aborting an n > 1 request during its chunked prefill drops the tables without a free",
            "engine/core/scheduler.py",
@@ -332,16 +340,14 @@ def blame(report: Path) -> str:
     hm = r.get("host_memory") or {}
     if hm.get("verdict") == "HOST-LEAK":
         kinds = (hm.get("kind_growth") or {}).get("growing") or []
-        parts.append("host " + ",".join([f"{g['path']} +{g['entries_per_request']}/request" for g in hm["growing"][:2]]
+        parts.append("host " + ",".join([f"{g['path']} +{g['entries_per_request']}/request"
+                                         + (f" ({g['probe']['kind']})" if g.get("probe") else "") for g in hm["growing"][:2]]
                                         + [f"{k['process']} +{k['bytes_per_request'] / 1024:.0f} KiB/{k['kind']} request"
                                            for k in kinds[:2]]))
     z = r.get("zombies") or {}
     if z.get("zombies"):
-        parts.append(f"{len(z['zombies'])} zombies")
-    hm = r.get("host_memory") or {}
-    if hm.get("growing"):
-        parts.append("host memory " + ",".join(g["path"] + (f" ({g['probe']['kind']})" if g.get("probe") else "")
-                                               for g in hm["growing"]))
+        first = z["zombies"][0]
+        parts.append(f"{len(z['zombies'])} zombies (first {first.get('request_id')}: {first.get('client_action')})")
     if hm.get("bounded_caches"):
         parts.append("bounded caches " + ",".join(f"{b['path']} ({b['entries']} entries)" for b in hm["bounded_caches"]))
     return "; ".join(parts) or r.get("summary", "")

@@ -37,7 +37,7 @@ STEP_DELAY_S = float(os.environ.get("VLITE_TEST_STEP_DELAY_S", "0.004"))  # 400 
 PLANT = os.environ.get("VLITE_TEST_PLANT_ZOMBIE", "1") != "0"
 
 
-def _patched_init(self, content, group):
+def _patched_init(self, content, group, on_client_left=None):
     counts = {"chunks": 0}
 
     async def counted():
@@ -49,7 +49,7 @@ def _patched_init(self, content, group):
             counts["chunks"] += 1
             yield chunk
 
-    _init(self, counted(), group)
+    _init(self, counted(), group, on_client_left)
     self._planted_counts = counts
 
 

@@ -395,8 +395,29 @@ def _long_body(stream: bool) -> dict:
     return {"model": MODEL, "prompt": PROMPTS[7], "max_tokens": LONG, "ignore_eos": True, "stream": stream}
 
 
+def _disconnects(server) -> dict[str, int]:
+    """vlite:client_disconnects{route, when} as {"<route> <when>": count} (the leak check's API checklist)."""
+    from vlite.diagnostics.checks.coverage import from_metrics_text
+
+    text = httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=10).text
+    return from_metrics_text(text).get("disconnects", {})
+
+
+def _rejections(server) -> dict[str, int]:
+    """vlite:request_rejected{stage} as {stage: count}."""
+    from vlite.diagnostics.checks.coverage import from_metrics_text
+
+    text = httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=10).text
+    return from_metrics_text(text).get("rejections", {})
+
+
+def _counted_once(before: dict[str, int], after: dict[str, int], key: str) -> None:
+    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {key: 1}
+
+
 def test_stream_closed_after_three_chunks_frees_blocks(server, http):
     before = wait_drained(server)
+    left = _disconnects(server)
     with http.stream("POST", "/v1/completions", json=_long_body(True)) as resp:
         events = sse_events(resp.iter_lines())
         chunks = [next(events) for _ in range(3)]
@@ -405,27 +426,50 @@ def test_stream_closed_after_three_chunks_frees_blocks(server, http):
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
     assert after["vlite:generation_tokens_total"] - before["vlite:generation_tokens_total"] < LONG
+    _counted_once(left, _disconnects(server), "/v1/completions mid-stream")
 
 
 def test_stream_closed_before_first_token_frees_blocks(server, http):
     before = wait_drained(server)
     # A long prompt: chunked prefill takes several steps, so the client leaves before any token.
     body = dict(_long_body(True), prompt="tok " * 1500, max_tokens=500)
+    left = _disconnects(server)
     with http.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200  # headers only: the request is in the engine; no chunk read
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
     assert after["vlite:request_success_total{length}"] == before["vlite:request_success_total{length}"]
+    _counted_once(left, _disconnects(server), "/v1/completions before first token")
 
 
 def test_non_streaming_client_timeout_frees_blocks(server):
     before = wait_drained(server)
+    left = _disconnects(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.base_url + "/v1/completions", json=_long_body(False), headers=server.headers,
                    timeout=httpx.Timeout(10, read=0.5))
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
     assert after["vlite:generation_tokens_total"] - before["vlite:generation_tokens_total"] < LONG
+    _counted_once(left, _disconnects(server), "/v1/completions non-streaming")
+
+
+def test_multi_prompt_with_one_prompt_too_long_is_400_and_nothing_of_it_runs(server, http):
+    # sglang#28380 / vllm#27420: the prompt that fits is admitted first, then the engine refuses
+    # the one over max_model_len (found only after tokenizing): the first must not run on
+    before = wait_drained(server)
+    refused_before = _rejections(server)
+    m = http.get("/v1/models").json()["data"][0]["max_model_len"]
+    body = {"model": MODEL, "prompt": [PROMPTS[3], "tok " * (m + 8)], "max_tokens": 64, "ignore_eos": True}
+    r = http.post("/v1/completions", json=body, headers={"X-Request-Id": "multi-refused"})
+    assert_error(r, 400, "prompt")
+    assert "maximum context length" in r.json()["error"]["message"]
+    after = wait_drained(server)
+    assert after["vlite:generation_tokens_total"] == before["vlite:generation_tokens_total"]
+    history = _debug_blocks(server)["view"]["request_history"]
+    assert history["multi-refused-0"]["num_output_tokens"] == 0 and history["multi-refused-0"]["finished"]
+    refused = _rejections(server)
+    assert {k: v - refused_before.get(k, 0) for k, v in refused.items()} == {"at admission": 1, "sibling rejected": 1}
 
 
 def test_chat_stream_disconnect_frees_blocks(server, http):
@@ -434,6 +478,7 @@ def test_chat_stream_disconnect_frees_blocks(server, http):
     # 128-block cache at once, which the engine requires) must be admitted, and runs long.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}], "ignore_eos": True,
             "stream": True, "n": 2}
+    left = _disconnects(server)
     with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": "chat-n2"}) as resp:
         events = sse_events(resp.iter_lines())
         wait_until(lambda: next(events)["choices"][0]["delta"].get("content"))
@@ -441,6 +486,7 @@ def test_chat_stream_disconnect_frees_blocks(server, http):
         assert [s["request_id"] for s in seqs] == ["chat-n2", "chat-n2"]  # one request, two sequences
     after = wait_drained(server)
     assert after["vlite:request_success_total{abort}"] == before["vlite:request_success_total{abort}"] + 1
+    _counted_once(left, _disconnects(server), "/v1/chat/completions mid-stream")
 
 
 def test_duplicate_live_request_id_is_400(server, http):

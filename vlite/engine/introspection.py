@@ -91,6 +91,10 @@ class Coverage:
         "structured:json", "logprobs", "logit_bias", "n > 1", ...).
     aborts_by_family: aborted sequences by "<family>: <state>" ("n > 1: prefill",
         "beam search: decode", "structured output: decode", "single: waiting", ...).
+    rejections: requests refused, by stage: "at admission" (``add_request`` raised
+        RequestRejectedError), "sibling rejected" (admitted by ``add_requests``, then aborted
+        because another request of its group was refused: a multi-prompt completion), "after
+        scheduling" (sequences ended for the request's own parameters once running).
     """
 
     allocation_sites: Mapping[str, int]
@@ -105,6 +109,7 @@ class Coverage:
     features: Mapping[str, int] = field(default_factory=dict)
     aborts_by_family: Mapping[str, int] = field(default_factory=dict)
     preemptions_in_prefill: int = 0
+    rejections: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"allocation_sites": dict(self.allocation_sites), "finish_reasons": dict(self.finish_reasons),
@@ -112,7 +117,7 @@ class Coverage:
                 "resumptions": self.resumptions, "prefix_hit_tokens": self.prefix_hit_tokens, "forks": self.forks,
                 "copy_on_write": self.copy_on_write, "beam_prunes": self.beam_prunes,
                 "features": dict(self.features), "aborts_by_family": dict(self.aborts_by_family),
-                "preemptions_in_prefill": self.preemptions_in_prefill}
+                "preemptions_in_prefill": self.preemptions_in_prefill, "rejections": dict(self.rejections)}
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class EngineInfo:
     inject_faults: tuple[str, ...]
     tensor_parallel_size: int = 1
     worker_pids: tuple[int, ...] = ()
+    max_model_len: int = 0  # tokens a request (prompt + max_tokens) may take at most
 
 
 class EngineView:
@@ -206,7 +212,7 @@ class EngineView:
         e = self._engine
         return EngineInfo(e.model_name, e.device.type, e.block_size, e.bytes_per_block,
                           e.scheduler.kv_cache_manager.num_total_blocks, tuple(e.config.inject_faults),
-                          e.config.parallel.tensor_parallel_size, tuple(e.executor.worker_pids()))
+                          e.config.parallel.tensor_parallel_size, tuple(e.executor.worker_pids()), e.max_model_len)
 
     def request_record(self, seq_id: int) -> RequestRecord | None:
         """The record (origin, status, finish reason, counts) of a live or remembered sequence."""
@@ -251,7 +257,15 @@ class EngineView:
                         MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
                         sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
                         sched.num_beam_prunes, MappingProxyType(dict(sched.feature_counts)),
-                        MappingProxyType(dict(sched.aborts_by_family)), sched.num_preemptions_in_prefill)
+                        MappingProxyType(dict(sched.aborts_by_family)), sched.num_preemptions_in_prefill,
+                        MappingProxyType(self._rejections()))
+
+    def _rejections(self) -> dict[str, int]:
+        e = self._engine
+        out = dict(getattr(e, "rejection_counts", None) or {})
+        if e.scheduler.num_rejected_after_scheduling:
+            out["after scheduling"] = e.scheduler.num_rejected_after_scheduling
+        return out
 
     def snapshot(self) -> EngineSnapshot:
         """Registries, histories and coverage in one frozen object."""

@@ -11,6 +11,7 @@ origin of any block still held. The read-only methods at the bottom delegate to
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -188,6 +189,10 @@ class LLMEngine:
                                    detokenize=self.output_processor.detokenize,
                                    finished_history=config.finished_history,
                                    structured_output=self.structured_output)
+        # requests refused, by stage (``Coverage.rejections``): "at admission" (add_request
+        # raised RequestRejectedError) and "sibling rejected" (admitted by add_requests, then
+        # aborted because another request of the same group was refused)
+        self.rejection_counts: collections.Counter[str] = collections.Counter()
 
     # ---- set-up helpers ------------------------------------------------------------------
     def _eos_token_ids(self) -> frozenset[int]:
@@ -219,6 +224,40 @@ class LLMEngine:
                 that does not compile. Nothing is allocated.
             EngineDeadError: a tensor-parallel rank failed earlier.
         """
+        try:
+            return self._add_request(prompt, sampling_params, prompt_token_ids, request_id, origin)
+        except RequestRejectedError:
+            self.rejection_counts["at admission"] += 1
+            raise
+
+    def add_requests(self, requests: list) -> list[str]:
+        """Queue several requests all or none (the prompts of one multi-prompt completion);
+        returns their ids.
+
+        Args:
+            requests: ``EngineRequest``-like items (``prompt``, ``sampling_params``,
+                ``prompt_token_ids``, ``origin``; the engine request id is ``origin.request_id``).
+
+        Raises:
+            RequestRejectedError (or EngineDeadError): the first refusal. The requests of the
+                group admitted before it are aborted first (they were waiting: no block was
+                allocated), so nothing stays queued for a client that got an error
+                (vllm#27420, sglang#28380).
+        """
+        added: list[str] = []
+        try:
+            for r in requests:
+                added.append(self.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
+                                              request_id=r.origin.request_id, origin=r.origin))
+        except Exception:
+            for rid in added:
+                self.abort(rid)
+                self.rejection_counts["sibling rejected"] += 1
+            raise
+        return added
+
+    def _add_request(self, prompt, sampling_params, prompt_token_ids, request_id, origin) -> str:
+        """``add_request`` without the rejection count."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead_error}")
         params = sampling_params or SamplingParams()

@@ -30,6 +30,12 @@ class EngineClient(Protocol):
         for a request the engine will never run; nothing is allocated then."""
         ...
 
+    def add_requests(self, requests: list) -> list[str]:
+        """Queue ``EngineRequest``-like items all or none (a multi-prompt completion); returns
+        their ids. On a refusal the ones admitted before it are aborted, then the
+        ``RequestRejectedError`` is raised."""
+        ...
+
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; an output for every request that advanced or ended."""
         ...
@@ -44,4 +50,5 @@ class EngineClient(Protocol):
 
 
 #: The member names of ``EngineClient`` (what diagnostics may touch on an engine).
-ENGINE_CLIENT_MEMBERS = frozenset({"tokenizer", "add_request", "step", "abort", "has_unfinished_requests"})
+ENGINE_CLIENT_MEMBERS = frozenset({"tokenizer", "add_request", "add_requests", "step", "abort",
+                                   "has_unfinished_requests"})

@@ -34,6 +34,11 @@ PHASES = (("queue", "Histogram of time spent in WAITING phase for request."),
           ("decode", "Histogram of time spent in DECODE phase for request."),
           ("inference", "Histogram of time spent in RUNNING phase for request."))
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# Client disconnects by route and when (vlite:client_disconnects; the leak check's API checklist):
+# a streaming client that left before any token or mid-stream, or a non-streaming client that
+# left before its response (to the server, a client timeout). Every series exists from the start.
+DISCONNECT_ROUTES = ("/v1/completions", "/v1/chat/completions")
+DISCONNECT_WHEN = ("before first token", "mid-stream", "non-streaming")
 
 disable_created_metrics()  # no *_created series, as vLLM
 
@@ -130,7 +135,10 @@ def _coverage_families(model_name: str, cov) -> Iterator[Metric]:
                  cov.abort_states)]
     labelled += [("vlite:request_feature", "Requests admitted, by request-API feature.", "feature", cov.features),
                  ("vlite:sequence_aborted_by_family", "Sequences aborted, by request family and state.",
-                  "family_state", cov.aborts_by_family)]
+                  "family_state", cov.aborts_by_family),
+                 ("vlite:request_rejected", "Requests refused by the engine, by stage (at admission; admitted, "
+                  "then aborted because a sibling prompt was refused; after scheduling).", "stage",
+                  getattr(cov, "rejections", {}))]
     for name, doc, label, counts in labelled:
         c = CounterMetricFamily(name, doc, labels=["model_name", label])
         for key, value in sorted(counts.items()):
@@ -194,6 +202,19 @@ class ServerMetrics:
                            for phase, doc in PHASES}
         self._last_token_time: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.client_disconnects = Counter("vlite:client_disconnects", "Requests whose client left before the "
+                                          "response ended, by route and when (before the first token, mid-stream, "
+                                          "or a non-streaming client: a timeout).", ["model_name", "route", "when"],
+                                          registry=self.registry)
+        for route in DISCONNECT_ROUTES:
+            for when in DISCONNECT_WHEN:
+                self.client_disconnects.labels(model_name, route, when)
+
+    def client_disconnected(self, route: str, when: str) -> None:
+        """Count one client that left ``route`` early (``when``: one of ``DISCONNECT_WHEN``);
+        other routes are not counted (the label set stays fixed)."""
+        if route in DISCONNECT_ROUTES and when in DISCONNECT_WHEN:
+            self.client_disconnects.labels(self.model_name, route, when).inc()
 
     def observe(self, out: RequestOutput) -> None:
         """Record one RequestOutput (each carries at most one new token per step)."""

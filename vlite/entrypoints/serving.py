@@ -419,10 +419,12 @@ class AbortOnCloseStreamingResponse(StreamingResponse):
     suspended, so the abort is done here, where every exit path passes.
     """
 
-    def __init__(self, content: AsyncIterator[str], group: RequestStreamGroup) -> None:
+    def __init__(self, content: AsyncIterator[str], group: RequestStreamGroup,
+                 on_client_left: Callable[[], None] | None = None) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.group = group
+        self.on_client_left = on_client_left  # counts the disconnect (vlite:client_disconnects)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -430,6 +432,8 @@ class AbortOnCloseStreamingResponse(StreamingResponse):
         finally:
             if not self.group.all_finished:
                 logger.info("client of %s went away; aborting %s", scope.get("path"), self.group.request_ids)
+                if self.on_client_left is not None:
+                    self.on_client_left()
             self.group.abort()
 
 
@@ -477,6 +481,7 @@ class OpenAIServing(ABC):
         self.tokenizer = state.engine.tokenizer
         self.model = state.model_name  # the name to answer with (set from ``req.model`` by serve())
         self.response_id = ""  # set by serve() once the request id is known
+        self.tokens_streamed = False  # a chunk with output tokens has been sent
 
     # ---- what a route supplies --------------------------------------------------------------
     @abstractmethod
@@ -537,7 +542,7 @@ class OpenAIServing(ABC):
         self.response_id = f"{self.response_id_prefix}-{info.request_id}"
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         if self.req.stream:
-            return AbortOnCloseStreamingResponse(self._stream(group, prompt_tokens), group)
+            return AbortOnCloseStreamingResponse(self._stream(group, prompt_tokens), group, self._client_left)
         finals = await collect_final(group)
         choices = [self.final_choice(p, c, out) for p, out in enumerate(finals)
                    for c in sorted(out.outputs, key=lambda c: c.index)]
@@ -545,6 +550,10 @@ class OpenAIServing(ABC):
         body = self.response_type(id=self.response_id, model=self.model, choices=choices,
                                   usage=usage_info(prompt_tokens, completion_tokens), **self.response_extras(finals))
         return JSONResponse(body.model_dump(mode="json"))
+
+    def _client_left(self) -> None:
+        """The streaming client left before the end: count it by when (vlite:client_disconnects)."""
+        count_disconnect(self.request, "mid-stream" if self.tokens_streamed else "before first token")
 
     async def _stream(self, group: RequestStreamGroup, prompt_tokens: int) -> AsyncIterator[str]:
         """SSE chunks, one choice per chunk; a choice's last chunk carries its finish_reason.
@@ -558,11 +567,19 @@ class OpenAIServing(ABC):
                     yield engine_error(d.error, d.error_kind).sse()
                     continue
                 yield sse(self.chunk([self.stream_choice(d)]))
+                self.tokens_streamed = self.tokens_streamed or d.end_token > d.first_token
         except RuntimeError as exc:  # the engine loop failed this request
             yield APIError(500, str(exc)).sse()
         if self.req.stream_options and self.req.stream_options.include_usage:
             yield sse(self.chunk([], usage_info(prompt_tokens, deltas.completion_tokens)))
         yield SSE_DONE
+
+
+def count_disconnect(request: Request, when: str) -> None:
+    """Count a client that left ``request``'s route early in the server's metrics, if they exist yet."""
+    state = getattr(request.app.state, "server", None)
+    if state is not None and state.metrics is not None:
+        state.metrics.client_disconnected(request.url.path, when)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -595,6 +612,8 @@ def with_cancellation(handler: Callable[..., Awaitable]) -> Callable[..., Awaita
             work.cancel()
             logger.info("client of %s disconnected before the response; request %s cancelled",
                         request.url.path, request.state.request_id)
+            body = kwargs.get("req")
+            count_disconnect(request, "before first token" if getattr(body, "stream", False) else "non-streaming")
             try:
                 await work
             except (asyncio.CancelledError, Exception):  # nobody is left to answer

@@ -56,7 +56,26 @@ PATHS.update({
     "abort (structured output)": lambda c: any(k.startswith("structured output:") and v > 0
                                                for k, v in c.get("aborts_by_family", {}).items()),
 })
-_COUNTS = ("allocation_sites", "finish_reasons", "abort_states", "features", "aborts_by_family")
+# Issue 42: refusals (a multi-prompt completion with one prompt refused after the others were
+# admitted, sglang#28380; a request refused once running) and a constraint aborted while waiting.
+PATHS.update({
+    "multi-prompt request with one prompt rejected": lambda c: c.get("rejections", {}).get("sibling rejected", 0) > 0,
+    "request rejected after admission": lambda c: c.get("rejections", {}).get("after scheduling", 0) > 0,
+    "abort while waiting (structured output)":
+        lambda c: c.get("aborts_by_family", {}).get("structured output: waiting", 0) > 0,
+})
+# The API server's routes with every client action (vlite:client_disconnects{route, when}): only
+# a target that goes through the API server (--url on vlite serve) has them; in process the
+# replay drives the engine, and ``section`` leaves them out as not applicable.
+API_ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+API_WHEN = {"disconnect before the first token": "before first token", "disconnect mid-stream": "mid-stream",
+            "client timeout": "non-streaming"}
+API_PATHS: dict[str, callable] = {
+    f"{name}: {what}": (lambda c, key=f"{route} {when}": c.get("disconnects", {}).get(key, 0) > 0)
+    for name, route in API_ROUTES.items() for what, when in API_WHEN.items()}
+PATHS.update(API_PATHS)
+_COUNTS = ("allocation_sites", "finish_reasons", "abort_states", "features", "aborts_by_family", "rejections",
+           "disconnects")
 _SCALARS = ("preemptions", "preemptions_in_prefill", "resumptions", "prefix_hit_tokens", "forks", "copy_on_write",
             "beam_prunes")
 
@@ -66,6 +85,8 @@ def diff(after: dict, before: dict | None) -> dict:
     before = before or {}
     out: dict = {}
     for key in _COUNTS:
+        if key == "disconnects" and key not in after:  # an API layer's count: absent in process
+            continue
         a, b = after.get(key) or {}, before.get(key) or {}
         out[key] = {k: v - b.get(k, 0) for k, v in sorted(a.items()) if v - b.get(k, 0)}
     for key in _SCALARS:
@@ -78,7 +99,9 @@ def section(after: dict | None, before: dict | None = None) -> dict | None:
     if after is None:
         return None
     cov = diff(after, before)
-    cov["not_exercised"] = [label for label, ok in PATHS.items() if not ok(cov)]
+    api = "disconnects" in after  # counted only by a server's API layer (from_metrics_text)
+    cov["not_applicable"] = [] if api else list(API_PATHS)
+    cov["not_exercised"] = [label for label, ok in PATHS.items() if not ok(cov) and label not in cov["not_applicable"]]
     return cov
 
 
@@ -90,7 +113,8 @@ def from_metrics_text(text: str) -> dict | None:
                 "vlite:sequence_finished_total": ("finish_reasons", "kind"),
                 "vlite:sequence_aborted_total": ("abort_states", "state"),
                 "vlite:request_feature_total": ("features", "feature"),
-                "vlite:sequence_aborted_by_family_total": ("aborts_by_family", "family_state")}
+                "vlite:sequence_aborted_by_family_total": ("aborts_by_family", "family_state"),
+                "vlite:request_rejected_total": ("rejections", "stage")}
     scalars = {"vlite:num_preemptions_total": "preemptions", "vlite:num_resumptions_total": "resumptions",
                "vlite:num_preemptions_in_prefill_total": "preemptions_in_prefill",
                "vlite:prefix_cache_hits_total": "prefix_hit_tokens", "vlite:forks_total": "forks",
@@ -99,7 +123,9 @@ def from_metrics_text(text: str) -> dict | None:
     seen = False
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name in labelled:
+            if s.name == "vlite:client_disconnects_total":  # "<route> <when>"
+                out.setdefault("disconnects", {})[f"{s.labels.get('route')} {s.labels.get('when')}"] = int(s.value)
+            elif s.name in labelled:
                 key, label = labelled[s.name]
                 out[key][s.labels.get(label, "")] = int(s.value)
                 seen = True
@@ -129,9 +155,19 @@ def lines(cov: dict | None) -> list[str]:
            f"copy-on-write copies, {cov['beam_prunes']} beam prunes",
            f"coverage: requests by feature: {features}",
            f"coverage: sequences aborted, by request family and state: {families}"]
+    rejections = ", ".join(f"{k} {v}" for k, v in cov.get("rejections", {}).items()) or "none"
+    out.append(f"coverage: requests refused, by stage: {rejections}")
+    if cov.get("disconnects") is not None:
+        left = ", ".join(f"{k} {v}" for k, v in cov["disconnects"].items()) or "none"
+        out.append(f"coverage: clients that left early, by route and when: {left}")
     out += [f"not exercised: {p}" for p in cov["not_exercised"]]
+    na = cov.get("not_applicable") or []
+    if na:
+        out.append(f"coverage: {len(na)} API-server paths not applicable here (the replay drives the engine, not the "
+                   "API server): the chat and completions routes with each client action; `--url` on vlite serve "
+                   "walks them")
     if not cov["not_exercised"]:
-        out.append(f"coverage: all {len(PATHS)} engine paths of the checklist exercised")
+        out.append(f"coverage: all {len(PATHS) - len(na)} engine paths of the checklist exercised")
     return out
 
 

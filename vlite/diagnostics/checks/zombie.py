@@ -50,6 +50,28 @@ def _end_step(h: dict) -> int | None:
     return max(steps) if steps else None
 
 
+def _left_requests(results, request_history: dict[str, dict]):
+    """``(result, engine request id, its history or None)`` for every engine request whose client
+    left: aborted, timed out or gave up, and each admitted prompt of a multi-prompt request that
+    was refused (its client had its error at ``abort_time``; sglang#28380, vllm#27420). The
+    refused prompt itself, never admitted, has no history and is left out."""
+    for r in results:
+        refused = r.outcome == "rejected" and bool(r.engine_request_ids)
+        if (r.outcome not in _LEFT and not refused) or r.abort_time is None:
+            continue
+        for rid in r.engine_request_ids or [r.request_id]:
+            h = request_history.get(rid)
+            if h is None and refused:
+                continue
+            yield r, rid, h
+
+
+def _client_action(r) -> str:
+    if r.outcome == "rejected":
+        return f"{r.action_label}; refused, a multi-prompt request (a sibling prompt was rejected)"
+    return r.action_label
+
+
 def zombie_check(results, request_history: dict[str, dict], *, threshold_s: float = DEFAULT_THRESHOLD_S,
                  threshold_steps: int = DEFAULT_THRESHOLD_STEPS, gauge_lag_s: float | None = None,
                  gauge_lag_steps: int | None = None, step_timeline: list[tuple[float, int]] | None = None,
@@ -79,16 +101,13 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
     bound_s = wall_clock_bound(threshold_s, threshold_steps, step_time_s)
     timeline = sorted(step_timeline or [])
     rows, not_released, unmeasured, left, sources = [], [], 0, 0, set()
-    for r in results:
-        if r.outcome not in _LEFT or r.abort_time is None:
-            continue
+    for r, rid, h in _left_requests(results, request_history):
         left += 1
-        h = request_history.get(r.request_id)
         if h is None:
             unmeasured += 1
             continue
         if not h.get("finished"):
-            not_released.append(r.request_id)
+            not_released.append(rid)
             continue
         ends = [t for t in (h.get("finished_time"), h.get("released_time")) if t is not None]
         if not ends:
@@ -116,7 +135,7 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
         # a step makes at most one token per sequence, so tokens judge only where steps are unknown
         # (a token count of another of the request's sequences once read 15 against 8 at 0 steps)
         zombie = zombie or (steps is None and tokens is not None and tokens > threshold_steps)
-        rows.append({"request_id": r.request_id, "client_action": r.action_label, "outlived_s": round(outlived_s, 4),
+        rows.append({"request_id": rid, "client_action": _client_action(r), "outlived_s": round(outlived_s, 4),
                      "outlived_steps": steps, "tokens_after_leaving": tokens, "zombie": zombie})
     secs = [row["outlived_s"] for row in rows]
     toks = [row["tokens_after_leaving"] for row in rows if row["tokens_after_leaving"] is not None]

@@ -180,10 +180,17 @@ class BlackboxDriver:
         """Send ``specs`` (up to max_concurrency at once); False when they did not all end within
         ``timeout_s`` (the rest are cancelled: their connections close, an abort to the server)."""
         sem = asyncio.Semaphore(self.max_concurrency)
+        max_model_len = None
+        if any(s.extra_prompts for s in specs):  # sizes the over-long prompt of a multi-prompt request
+            from vlite.diagnostics.targets.http import server_max_model_len
+
+            max_model_len = await asyncio.to_thread(server_max_model_len, self.conn.base, self.conn.client,
+                                                    self.conn.headers)
 
         async def launch(spec: RequestSpec) -> None:
             async with sem:
-                await send_request(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body)
+                await send_request(self.conn.base, spec, results[spec.request_id], self.conn.headers, self.conn.body,
+                                   max_model_len=max_model_len)
 
         try:
             await asyncio.wait_for(asyncio.gather(*(launch(s) for s in specs)), max(0.1, timeout_s))

@@ -135,6 +135,17 @@ def http_greedy(base: str, client: httpx.Client):
     return run
 
 
+def server_max_model_len(base: str, client: httpx.Client, headers: dict | None = None) -> int | None:
+    """The served model's max_model_len (tokens) from ``/v1/models`` (vLLM's and vlite's
+    ``max_model_len`` field), or None when the server does not say."""
+    try:
+        data = client.get(f"{base}/v1/models", headers=headers).json().get("data") or [{}]
+        value = data[0].get("max_model_len")
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError, IndexError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = None,
                      timeout_s: float = IDLE_TIMEOUT_S) -> bool:
     """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
@@ -156,8 +167,24 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
     return False
 
 
+def waves_of(ordered: list[RequestSpec], idle_every: int) -> list[list[RequestSpec]]:
+    """``ordered`` cut into waves of ``idle_every`` requests (all in one for 0); the extra probes
+    of issue 42 (``all_paths.is_extra_probe``) ride in the wave they are in, uncounted."""
+    from vlite.diagnostics.workload.all_paths import is_extra_probe
+
+    waves: list[list[RequestSpec]] = [[]]
+    counted = 0
+    for spec in ordered:
+        if idle_every and counted == idle_every:
+            waves.append([])
+            counted = 0
+        waves[-1].append(spec)
+        counted += 0 if is_extra_probe(spec) else 1
+    return [w for w in waves if w]
+
+
 async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idle_every: int,
-                  probe, stop=None, interrupt_drain_s: float = 5.0) -> ReplayResult:
+                  probe, stop=None, interrupt_drain_s: float = 5.0, max_model_len: int | None = None) -> ReplayResult:
     results = {s.request_id: RequestResult(s.request_id, s.action.kind, s.action.label, 0.0) for s in specs}
     out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
     ordered = sorted(specs, key=lambda s: s.arrival_s)
@@ -171,14 +198,12 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
         await asyncio.sleep(max(0.0, spec.arrival_s - (time.time() - t0)))
         async with sem:
             if not stopped():
-                await send_request(base, spec, results[spec.request_id])
+                await send_request(base, spec, results[spec.request_id], max_model_len=max_model_len)
 
     async with httpx.AsyncClient(timeout=10.0) as admin:
         await _wait_idle(base, admin)
         out.idle_points.append(IdlePoint(time.time(), 0, *probe()))
-        step = idle_every or len(ordered)
-        for i in range(0, len(ordered), step):
-            wave = ordered[i:i + step]
+        for wave in waves_of(ordered, idle_every):
             if stopped():
                 break
             task = asyncio.ensure_future(asyncio.gather(*(launch(s) for s in wave)))
@@ -282,7 +307,8 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     t0 = time.time()
     replay: ReplayResult | None = None
     try:
-        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop))
+        replay = asyncio.run(_replay(base, specs, max_concurrency, idle_every, probe, stop=stop,
+                                     max_model_len=server_max_model_len(base, sync)))
     finally:
         sampler.stop()
         completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []

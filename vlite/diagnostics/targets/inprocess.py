@@ -31,8 +31,9 @@ from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, TorchRecorder
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
+from vlite.diagnostics.workload.all_paths import is_extra_probe
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
-from vlite.diagnostics.workload.sources import RequestSpec
+from vlite.diagnostics.workload.sources import RequestSpec, engine_request_ids, expand_prompts
 from vlite.engine import EngineClient, EngineView, RequestOrigin, SamplingParams
 from vlite.entrypoints.metrics import ServerMetrics
 
@@ -100,14 +101,15 @@ class InProcessClient:
             wave_full = idle_every > 0 and in_wave >= idle_every
             while queue and not wave_full and len(inflight) < max_concurrency and queue[0].arrival_s <= now - t0:
                 spec = queue.popleft()
-                in_wave += 1
+                in_wave += 0 if is_extra_probe(spec) else 1
                 wave_full = idle_every > 0 and in_wave >= idle_every
-                if self._admit(spec, results[spec.request_id]):
-                    inflight[spec.request_id] = (spec, time.time())
+                admitted = self._admit(spec, results[spec.request_id], results)
+                for rid in admitted:
+                    inflight[rid] = (spec, time.time())
                     if spec.action.kind == "abort-waiting":
-                        self._abort(spec.request_id, results[spec.request_id], "aborted while waiting")
-                        done(spec.request_id)
-                else:
+                        self._abort(rid, results[rid], "aborted while waiting")
+                        done(rid)
+                if not admitted:
                     done(spec.request_id)
             if wave_full and not inflight and (not engine.has_unfinished_requests() or self._stuck):
                 self._idle_point(out, completed)
@@ -187,18 +189,46 @@ class InProcessClient:
         used, rss, *host = self.probe()  # the in-process probe adds host readings
         out.idle_points.append(IdlePoint(time.time(), completed, used, rss, host[0] if host else None))
 
-    def _admit(self, spec: RequestSpec, res: RequestResult) -> bool:
+    def _admit(self, spec: RequestSpec, res: RequestResult, results: dict | None = None) -> list[str]:
+        """Add ``spec``'s engine requests (all or none for a multi-prompt request); their ids,
+        or [] when the engine refused it (``res`` then says why)."""
         from vlite.engine import RequestRejectedError
 
         res.arrival_time = time.time()
+        if spec.extra_prompts:
+            return self._admit_group(spec, res, results)
         origin = RequestOrigin(spec.request_id, res.arrival_time, ROUTE, spec.client_tag, spec.action.label)
         try:
             self.engine.add_request(render_prompt(self.engine.tokenizer, spec), sampling_params_for(spec),
                                     request_id=spec.request_id, origin=origin)
         except (RequestRejectedError, ValueError) as exc:
             res.outcome, res.detail, res.end_time = "rejected", str(exc), time.time()
-            return False
-        return True
+            return []
+        return [spec.request_id]
+
+    def _admit_group(self, spec: RequestSpec, res: RequestResult, results: dict | None) -> list[str]:
+        """A multi-prompt request as the API server adds one: an engine request per prompt
+        (``<id>-<p>``), all or none (``add_requests``). On a refusal the client has its answer:
+        from then on (``abort_time``) none of them may run (the zombie check holds them to it)."""
+        from vlite.engine import EngineRequest, RequestRejectedError
+
+        ids = engine_request_ids(spec)
+        params = sampling_params_for(spec)
+        reqs = [EngineRequest(text, params, RequestOrigin(rid, res.arrival_time, ROUTE, spec.client_tag,
+                                                          spec.action.label))
+                for rid, text in zip(ids, expand_prompts(spec, self.view.info().max_model_len))]
+        res.engine_request_ids = ids
+        try:
+            self.engine.add_requests(reqs)
+        except (RequestRejectedError, ValueError) as exc:
+            res.outcome, res.detail = "rejected", f"one prompt of {len(ids)} refused: {exc}"
+            res.end_time = res.abort_time = time.time()
+            res.abort_step, res.tokens_at_abort = self.view.step, 0
+            return []
+        if results is not None:
+            for rid in ids:  # each engine request reports into the one client result
+                results[rid] = res
+        return ids
 
     def _abort(self, rid: str, res: RequestResult, detail: str) -> None:
         res.abort_step, res.tokens_at_abort = self.view.step, self.view.request_tokens(rid)

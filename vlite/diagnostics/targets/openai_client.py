@@ -17,13 +17,17 @@ import httpx
 
 from vlite.diagnostics.targets.base import TargetError
 from vlite.diagnostics.workload.replay import RequestResult
-from vlite.diagnostics.workload.sources import RequestSpec
+from vlite.diagnostics.workload.sources import RequestSpec, engine_request_ids, expand_prompts
+
+# A server whose max_model_len is unknown: a prompt over this many tokens stands for one too long.
+FALLBACK_MAX_MODEL_LEN = 32768
 
 
-def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
+def request_body(spec: RequestSpec, stream: bool, max_model_len: int | None = None) -> tuple[str, dict]:
     """The route and OpenAI body of one request: /v1/chat/completions for a chat request, else
     /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
-    search as use_beam_search + best_of, the width)."""
+    search as use_beam_search + best_of, the width). A multi-prompt request sends its prompts
+    as a list (``sources.expand_prompts``, against ``max_model_len`` tokens when known)."""
     body = {"max_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
             "ignore_eos": spec.ignore_eos, "stream": stream, "n": spec.n}
     if spec.seed is not None:
@@ -45,7 +49,8 @@ def request_body(spec: RequestSpec, stream: bool) -> tuple[str, dict]:
         if spec.logprobs is not None:
             body.update(logprobs=True, top_logprobs=spec.logprobs)
         return "/v1/chat/completions", body
-    body["prompt"] = spec.prompt
+    body["prompt"] = (expand_prompts(spec, max_model_len or FALLBACK_MAX_MODEL_LEN) if spec.extra_prompts
+                      else spec.prompt)
     if spec.logprobs is not None:
         body["logprobs"] = spec.logprobs
     return "/v1/completions", body
@@ -60,13 +65,16 @@ def _choice_text(choice: dict) -> str | None:
 
 
 async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
-                       extra_body: dict | None = None) -> None:
+                       extra_body: dict | None = None, max_model_len: int | None = None) -> None:
     """Send one completion request and carry out its client action.
 
-    ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as given.
+    ``extra_headers`` (e.g. ``Authorization``) and ``extra_body`` (e.g. ``model``) are added as
+    given; ``max_model_len`` (tokens, the server's) sizes a multi-prompt request's over-long prompt.
     """
     a = spec.action
-    route, body = request_body(spec, a.streams)
+    route, body = request_body(spec, a.streams, max_model_len)
+    if spec.extra_prompts:
+        res.engine_request_ids = engine_request_ids(spec)
     body.update(extra_body or {})
     headers = {"X-Request-Id": spec.request_id, "X-Vlite-Client-Action": a.label, **(extra_headers or {})}
     if spec.client_tag:
@@ -109,6 +117,8 @@ async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_h
             res.outcome, res.detail = "error", f"{type(exc).__name__}: {exc}"
         finally:
             res.end_time = res.end_time or time.time()
+            if res.outcome == "rejected" and spec.extra_prompts:  # the client has its answer: nothing may run on
+                res.abort_time = res.end_time
 
 
 def _aborted(res: RequestResult, detail: str) -> None:

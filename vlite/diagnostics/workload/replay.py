@@ -32,6 +32,9 @@ class RequestResult:
     # At the abort: the engine step (in process; None over HTTP) and output tokens the client had.
     abort_step: int | None = None
     tokens_at_abort: int | None = None
+    # A multi-prompt request: its engine requests' ids (``sources.engine_request_ids``). When it
+    # is refused, ``abort_time`` is the refusal: those admitted before it must end there too.
+    engine_request_ids: list[str] | None = None
 
 
 @dataclass

@@ -59,6 +59,11 @@ class RequestSpec:
     # top_k, min_p, allowed_token_ids, bad_words, structured_outputs as a dict of its fields, ...);
     # over HTTP the same fields of vLLM's OpenAI API. Not hashed (a dict).
     extra_params: dict = field(default_factory=dict, hash=False)
+    # More prompts of the same request (a multi-prompt /v1/completions; in process one
+    # all-or-none ``add_requests``): one engine request each, ids ``<request_id>-<p>`` with p = 0
+    # for ``prompt``. ``OVER_MAX_MODEL_LEN`` stands for a prompt longer than the target's
+    # max_model_len (``expand_prompts``), which the engine refuses after the others were admitted.
+    extra_prompts: tuple[str, ...] = ()
 
     @property
     def stream(self) -> bool:
@@ -81,6 +86,24 @@ class RequestSpec:
                               top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos, n=self.n,
                               stop=list(self.stop), stop_token_ids=list(self.stop_token_ids), logprobs=self.logprobs,
                               beam_width=self.beam_width, **extra)
+
+
+OVER_MAX_MODEL_LEN = "<a prompt longer than max_model_len>"
+
+
+def expand_prompts(spec: RequestSpec, max_model_len: int) -> list[str]:
+    """Every prompt of ``spec`` (``prompt``, then ``extra_prompts``), each ``OVER_MAX_MODEL_LEN``
+    written out as ``max_model_len + 16`` words (tokens) of filler: longer than any request fits."""
+    over = " ".join(["the"] * (max_model_len + 16))
+    return [spec.prompt, *(over if p == OVER_MAX_MODEL_LEN else p for p in spec.extra_prompts)]
+
+
+def engine_request_ids(spec: RequestSpec) -> list[str]:
+    """The engine request ids of ``spec``: its id, or ``<id>-<p>`` per prompt of a multi-prompt
+    request (as the API server names them, ``RequestInfo.engine_request_id``)."""
+    if not spec.extra_prompts:
+        return [spec.request_id]
+    return [f"{spec.request_id}-{p}" for p in range(1 + len(spec.extra_prompts))]
 
 
 # Pieces of the "distinct" source's made-up words (onset + nucleus + coda, one or two syllables):

@@ -95,6 +95,9 @@ class Scheduler:
         self._parked: list[Sequence] = []
         self._orphaned_blocks = 0
         self._reused_orphans: set[int] = set()
+        # sequences the engine ended for the request's own parameters after scheduling them
+        # (structured output whose token filters leave no token: HTTP 400, error_kind "request")
+        self.num_rejected_after_scheduling = 0
 
     # ---- queue management ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -399,6 +402,7 @@ class Scheduler:
             # request's token filters (allowed_token_ids, bad_words) left none of them; the
             # matcher's own dump (grammar_error) is internal, so it goes to the debug log only.
             logger.debug("request %r: %s", seq.request_id, grammar_error)
+            self.num_rejected_after_scheduling += 1  # Coverage.rejections["after scheduling"]
             self.finish_sequence(seq, FinishReason.ERROR, error_kind="request", error=(
                 f"the request's constraints leave no token to generate at output token {seq.num_output_tokens}: "
                 "allowed_token_ids or bad_words exclude every token that its structured output allows next"))

@@ -195,20 +195,19 @@ class EngineLoop:
                 self._events.append(("result", arg[0], None, refused))
 
     def _add(self, add_id: int, requests: list[EngineRequest]) -> None:
-        """Add ``requests`` all or none: on the first failure those already added are aborted
-        without an output, and the exception goes back in the "added" event."""
-        added: list[str] = []
+        """Add ``requests`` all or none (``LLMEngine.add_requests``: on a refusal the engine
+        aborts those it had admitted, with no output); the exception goes back in the "added"
+        event, and the census looks for every request of a refused group."""
         exc: Exception | None = None
         try:
-            for r in requests:
-                self.engine.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
-                                        request_id=r.request_id, origin=r.origin)
-                added.append(r.request_id)
-                self._live[r.request_id] = _LiveRequest(r)
+            self.engine.add_requests(requests)
         except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
-            for rid in added:
-                self._abort(rid, deliver=False)
+            for r in requests:
+                self._ended.record(r.request_id)
             exc = e
+        else:
+            for r in requests:
+                self._live[r.request_id] = _LiveRequest(r)
         self._events.append(("added", add_id, exc))
 
     def _abort(self, request_id: str, deliver: bool = True) -> None:
