@@ -231,7 +231,7 @@ def lines(result: dict) -> list[str]:
                    f"{r['bound_s']:g} s")
         out += [f"  {why}" for why in r["reasons"]]
         if r.get("storm"):
-            from vlite.diagnostics.targets.storm import lines as storm_lines
+            from vlite.diagnostics.checks.storm import lines as storm_lines
 
             out += [f"  storm check: {line}" for line in storm_lines(r["storm"])]
     rt = result["router"]

@@ -106,3 +106,22 @@ def worst(verdicts: list[str | None]) -> str | None:
     """The worst of the storm verdicts given (``STORM_VERDICTS`` order), None when none."""
     found = [v for v in verdicts if v]
     return min(found, key=STORM_VERDICTS.index) if found else None
+
+
+def lines(s: dict | None) -> list[str]:
+    """Console / report.md lines: the storm, the wedge probe, the canary."""
+    if not s:
+        return []
+    out = []
+    st = s.get("storm")
+    if st:
+        out.append(f"abort storm: {st['sent']} streamed requests sent at once, cut together after "
+                   f"{st['held_s']:g} s ({st['streamed']} had streamed a token, {st['finished']} had finished)")
+    else:
+        out.append("abort storm: the run's own client aborts (the server stopped draining after them)")
+    w = s["wedge"]
+    out.append(f"{'WEDGED' if w['verdict'] else 'ok'}: wedge probe: {w['reason']}; /health {w['health_status']}")
+    state = s["canary_verdict"] or ("ok" if s.get("canary_after") and "not judged" not in s["canary_reason"]
+                                    else "skipped")
+    out.append(f"{state}: output canary: {s['canary_reason']}")
+    return out

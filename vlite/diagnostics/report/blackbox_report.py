@@ -19,10 +19,10 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
+from vlite.diagnostics.checks.storm import lines as storm_lines
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
-from vlite.diagnostics.targets.storm import lines as storm_lines
 from vlite.diagnostics.targets.zombie_blackbox import lines as zombie_lines
 
 MIB = 1 << 20

@@ -199,25 +199,6 @@ def judge_after(client: httpx.Client, base: str, before: dict, bound_s: float, s
             "canary_reason": creason, "verdict": verdict, "summary": summary}
 
 
-def lines(s: dict | None) -> list[str]:
-    """Console / report.md lines: the storm, the wedge probe, the canary."""
-    if not s:
-        return []
-    out = []
-    st = s.get("storm")
-    if st:
-        out.append(f"abort storm: {st['sent']} streamed requests sent at once, cut together after "
-                   f"{st['held_s']:g} s ({st['streamed']} had streamed a token, {st['finished']} had finished)")
-    else:
-        out.append("abort storm: the run's own client aborts (the server stopped draining after them)")
-    w = s["wedge"]
-    out.append(f"{'WEDGED' if w['verdict'] else 'ok'}: wedge probe: {w['reason']}; /health {w['health_status']}")
-    state = s["canary_verdict"] or ("ok" if s.get("canary_after") and "not judged" not in s["canary_reason"]
-                                    else "skipped")
-    out.append(f"{state}: output canary: {s['canary_reason']}")
-    return out
-
-
 def apply_to(res, s: dict) -> None:
     """Fold the storm checks into a ``BlackboxResult``: a storm verdict replaces CLEAN, ZOMBIE or
     INCONCLUSIVE (the replaced summary goes to the notes); beside a LEAK, the cause to fix, it is
