@@ -306,7 +306,7 @@ class Scheduler:
             if req.beam is not None:
                 req.beam.pending[seq.seq_id] = result.logits[row]
                 continue
-            if seq.seq_id in self._reused_orphans:  # planted empty-output-after-abort: no token
+            if self._reused_orphans and seq.seq_id in self._reused_orphans:  # planted empty-output-after-abort
                 self._reused_orphans.discard(seq.seq_id)
                 self.finish_sequence(seq, FinishReason.STOP)
                 continue
