@@ -139,9 +139,11 @@ MUTANTS = [
     # recorded paths and the host-memory plateau test, not by the block counts)
     Mutant("holdback-kept-after-stop-string", "per-request state (unregistered)",
            "the output processor keeps a stop-string request's text in a map of its own after the finish",
-           "engine/output_processor.py", "        primary = req.seqs[0]\n",
-           "        primary = req.seqs[0]\n        if req.is_finished and isinstance(primary.stop_reason, str):\n"
-           "            self.__dict__.setdefault(\"holdback\", {})[req.request_id] = primary.output_text\n"),
+           "engine/output_processor.py",
+           "        new_token_ids = primary.output_token_ids[req.num_reported_tokens:] if req.beam is None else []\n",
+           "        if finished and isinstance(primary.stop_reason, str):  # after _completion decoded the text\n"
+           "            self.__dict__.setdefault(\"holdback\", {})[req.request_id] = primary.output_text\n"
+           "        new_token_ids = primary.output_token_ids[req.num_reported_tokens:] if req.beam is None else []\n"),
     Mutant("matcher-kept-on-abort", "structured output",
            "an aborted sequence's grammar matcher is never dropped", "engine/core/structured_output.py",
            "        if seq.seq_id in self.matchers:\n",
@@ -180,8 +182,8 @@ MUTANTS = [
            "            # One count per engine request", mode="serve"),
     Mutant("buffer-per-finished-request", "host memory",
            "a 4 KiB buffer per finished request is kept in a list (no request id in it)",
-           "engine/output_processor.py", "        primary = req.seqs[0]\n",
-           "        primary = req.seqs[0]\n        if req.is_finished:\n"
+           "engine/output_processor.py", "        primary = seqs[0]\n        finished = req.is_finished\n",
+           "        primary = seqs[0]\n        finished = req.is_finished\n        if finished:\n"
            "            self.__dict__.setdefault(\"last_buffers\", []).append(bytearray(4096))\n"),
     # Issue 42, workload variety: a memo keyed by content (found only when prompts do not repeat:
     # --prompt-source distinct, the default) and a bounded cache (llama.cpp#25740's host prompt

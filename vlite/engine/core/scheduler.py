@@ -92,7 +92,7 @@ class Scheduler:
         # planted faults reclaim-on-admission / empty-output-after-abort (faults.py): aborted
         # sequences whose blocks are parked, blocks released by aborts and not yet reused, and
         # the sequences that reused them (they end at their first step with no token)
-        self._parked: list[Sequence] = []
+        self._parked: list[tuple[Sequence, list[int]]] = []
         self._orphaned_blocks = 0
         self._reused_orphans: set[int] = set()
         # sequences the engine ended for the request's own parameters after scheduling them
@@ -258,12 +258,13 @@ class Scheduler:
         """Planted reclaim-on-admission: admission counts the parked blocks as needed once more
         (reserved for their reclaim), on top of their being held."""
         kv = self.kv_cache_manager
-        parked = sum(len(kv.block_tables.get(s.seq_id, ())) for s in self._parked)
+        parked = sum(len(table) for _, table in self._parked)
         return kv.num_allocatable_blocks - parked >= kv.num_blocks_to_grow(seq, num_new, len(hits))
 
     def _reclaim_parked(self) -> None:
         """Planted reclaim-on-admission: free the parked blocks (runs only on an admission)."""
-        for seq in self._parked:
+        for seq, table in self._parked:
+            self.kv_cache_manager.block_tables[seq.seq_id] = table
             self.kv_cache_manager.free(seq)
         self._parked.clear()
 
@@ -447,12 +448,13 @@ class Scheduler:
             if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
                 raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
                                    "raised before its blocks were released")
+            if reason is FinishReason.ABORT and self.faults.active("empty-output-after-abort"):
+                # planted: the blocks this abort releases are reused later without a reset
+                self._orphaned_blocks += len(self.kv_cache_manager.block_tables.get(seq.seq_id, ()))
             if reason is FinishReason.ABORT and self.faults.active("reclaim-on-admission"):
-                self._parked.append(seq)  # planted: freed only when a new request is admitted
-            else:
-                released = self.kv_cache_manager.free(seq)
-                if reason is FinishReason.ABORT and self.faults.active("empty-output-after-abort"):
-                    self._orphaned_blocks += released  # planted: reused later without a reset
+                # planted: the table is set aside (the free below finds none), freed at the next admission
+                self._parked.append((seq, self.kv_cache_manager.block_tables.pop(seq.seq_id, [])))
+            self.kv_cache_manager.free(seq)
             req = self.requests[seq.request_id]
             req.live.remove(seq)
             if not req.live:
