@@ -71,6 +71,19 @@ def test_apply_probe_moves_bounded_caches_out_of_the_verdict_and_keeps_the_leaks
     host = apply_probe(_host(["engine.cache"], anon={"keeps_growing": True}), {"engine.cache": bounded}, rounds=8,
                        round_size=8, budget=64)
     assert host["verdict"] == "HOST-LEAK"
+    # ... and still does when the probe's own requests kept it growing past the threshold
+    host = apply_probe(_host(["engine.cache"], anon={"keeps_growing": True}), {"engine.cache": bounded}, rounds=8,
+                       round_size=8, budget=64, anon_bytes=(100 << 20, (100 << 20) + 64 * 200 * 1024))
+    assert host["verdict"] == "HOST-LEAK" and host["cache_probe"]["anon_bytes_per_request"] == 200 * 1024
+    # but anonymous memory that grew in the replay while the bounded cache filled, and not over the
+    # probe's 64 more requests, stopped growing with the cache: warm-up, not a leak
+    host = apply_probe(_host(["engine.cache"], anon={"keeps_growing": True}), {"engine.cache": bounded}, rounds=8,
+                       round_size=8, budget=64, anon_bytes=(100 << 20, (100 << 20) + 64 * 4 * 1024))
+    assert host["verdict"] == "warm-up"
+    # a request kind that keeps growing keeps the verdict too
+    host = _host(["engine.cache"])
+    host["kind_growth"] = {"growing": [{"process": "engine", "kind": "logprobs", "bytes_per_request": 1 << 20}]}
+    assert apply_probe(host, {"engine.cache": bounded}, rounds=8, round_size=8, budget=64)["verdict"] == "HOST-LEAK"
 
 
 # --- the distinct source and the probe's rounds ----------------------------------------------------

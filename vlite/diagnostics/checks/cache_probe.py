@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vlite.diagnostics.checks.host_memory import CONTAINER_SLOPE
+from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, CONTAINER_SLOPE
 
 LEVEL_ROUNDS = 3  # idle points at the end of the distinct rounds that must agree for a level (2 rounds)
 LEVEL_TOLERANCE = 0.05  # ... to within this fraction of the level, or LEVEL_MIN_TOLERANCE entries
@@ -123,9 +123,21 @@ def apply_probe(host: dict, series: dict[str, tuple[list, list]], *, rounds: int
     host["cache_probe"] = {"rounds": rounds, "round_size": round_size, "budget_requests": budget,
                            "containers": kinds, "anon_swap_bytes": list(anon_bytes) if anon_bytes else None}
     anon = host.get("anon_swap") or {}
-    if host.get("verdict") == "HOST-LEAK" and not still and not anon.get("keeps_growing"):
+    others = (host.get("kind_growth") or {}).get("growing") or any(
+        t.get("keeps_growing") for t in (host.get("processes") or {}).values())
+    if host.get("verdict") != "HOST-LEAK" or still or others:
+        return host
+    if not anon.get("keeps_growing"):
         host["verdict"] = ("inconclusive" if anon.get("inconclusive") else "warm-up" if anon.get("warm_up")
                            else "below threshold")
+    elif anon_bytes and rounds * round_size > 0:
+        # Anonymous memory grew through the replay while the bounded caches filled. The probe is
+        # the same series carried on for rounds x round_size more requests: if it grew less than
+        # the threshold per request there, its growth stopped when the caches levelled off.
+        per_request = (anon_bytes[1] - anon_bytes[0]) / (rounds * round_size)
+        host["cache_probe"]["anon_bytes_per_request"] = round(per_request, 1)
+        if per_request < ANON_SLOPE_BYTES:
+            host["verdict"] = "warm-up"
     return host
 
 
@@ -143,6 +155,11 @@ def lines(host: dict | None) -> list[str]:
         out.append(f"bounded cache (not a leak): {b['path']} levelled off at {b['entries']} entries after "
                    f"{b['distinct_requests']} requests with distinct prompts (+{b['grew_distinct']} entries in them, "
                    f"then flat for {LEVEL_ROUNDS - 1} rounds){size}")
+    per_request = probe.get("anon_bytes_per_request")
+    if per_request is not None:
+        out.append(f"anonymous memory over the probe's {probe['rounds'] * probe['round_size']} requests: "
+                   f"{per_request / 1024:+.1f} KiB/request (the replay's growth "
+                   f"{'stopped with the bounded caches' if per_request < ANON_SLOPE_BYTES else 'went on'})")
     for g in host.get("growing", []):
         k = g.get("probe")
         if k is None:
