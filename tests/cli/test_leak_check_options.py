@@ -25,6 +25,8 @@ def test_watch_options_without_watch_are_one_line_errors(args, says):
 @pytest.mark.parametrize("args,says", [
     (["--prompt-source", "lorem"], "unknown --prompt-source 'lorem'; choose one of: distinct, word-list"),
     (["--cache-probe-requests", "10", "--url", "http://127.0.0.1:9"], "--cache-probe-requests applies to the in-process"),
+    (["--n", "2"], "--n applies to --workload synthetic; all-paths sets each request's n itself"),
+    (["--n", "3", "--workload", "kind-waves"], "--n applies to --workload synthetic; kind-waves sets"),
 ])
 def test_workload_variety_options_refuse_bad_values_in_one_line(args, says):
     res = CliRunner().invoke(app, ["leak-check", *args])

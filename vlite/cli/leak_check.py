@@ -123,7 +123,7 @@ def leak_check(
                                            "path, and a CLEAN verdict then exits 4 instead of 0. A JSONL trace's lines that "
                                            "name a client_action keep it; --scenario sets its own."),
     abort_mode: str = typer.Option("mix", "--abort-mode", rich_help_panel=PANEL_WORKLOAD, help=_MIX_HELP),
-    url: str | None = typer.Option(None, "--url", rich_help_panel=PANEL_URL, help="Target a running server (http://host:port): vlite serve, vLLM, SGLang, llama.cpp or TGI."),
+    url: str | None = typer.Option(None, "--url", rich_help_panel=PANEL_URL, help="Target a running server (http://host:port): vlite serve, vLLM, SGLang, llama.cpp, TGI or TensorRT-LLM."),
     sample_interval_ms: float = typer.Option(100.0, "--sample-interval-ms", rich_help_panel=PANEL_WORKLOAD, min=1.0, help="Sampling period, ms."),
     report: Path | None = typer.Option(None, "--report", rich_help_panel=PANEL_REPORT,  # noqa: B008 (Typer's option style)
                                        help="Write report.json, samples.csv, report.md, PNGs here."),
@@ -414,6 +414,9 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
                    count_tokens, n=1, in_process=True, wave_size=None, prompt_source="word-list"):
     from vlite.diagnostics.workload import sources as wl
 
+    if n != 1 and workload != "synthetic":
+        common.fail(f"--n applies to --workload synthetic; {workload} sets each request's n itself "
+                    "(all-paths and kind-waves send n > 1 requests of their own, a trace its rows' n)")
     try:
         if workload == "all-paths":
             from vlite.diagnostics.workload.all_paths import all_paths_workload
@@ -425,7 +428,13 @@ def _load_workload(workload, num_requests, input_len, output_len, request_rate, 
         if workload == "kind-waves":  # waves of one request kind each (checks/kind_growth.py)
             from vlite.diagnostics.workload.kind_waves import kind_waves_workload
 
-            return kind_waves_workload(num_requests, input_len=input_len, output_len=output_len, seed=seed)
+            specs = kind_waves_workload(num_requests, input_len=input_len, output_len=output_len, seed=seed)
+            if len(specs) != num_requests:  # whole rounds of one wave per kind, at least MIN_ROUNDS
+                from vlite.diagnostics.workload.kind_waves import KINDS, MIN_ROUNDS
+
+                typer.echo(f"--workload kind-waves: {len(specs)} requests, not {num_requests}: whole rounds of one wave "
+                           f"per kind ({len(KINDS)} kinds), at least {MIN_ROUNDS} rounds", err=True)
+            return specs
         if workload == "synthetic":
             return wl.synthetic_workload(num_requests, input_len=input_len, output_len=output_len,
                                          request_rate=request_rate, abort_rate=abort_rate, abort_mode=abort_mode,
