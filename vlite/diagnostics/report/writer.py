@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from vlite.diagnostics.report.atomic import atomic_write_text
 from vlite.diagnostics.report.html_report import write_html
 
 REPORT_VERSION = 1
@@ -58,20 +59,22 @@ def write_report_dir(out_dir: Path, doc: dict, samples, plots: Callable[[Path], 
                      extra_files: dict[str, str] | None = None) -> Path:
     """Write one report directory ``out_dir`` (created): report.json (``doc``), samples.csv
     (``samples``, a DataFrame), the plots (``plots(out_dir)`` writes them and returns their file
-    names), ``extra_files`` (name -> text), report.md (``markdown(plot names)``) and report.html.
+    names), ``extra_files`` (name -> text), report.md (``markdown(plot names)``) and report.html;
+    each text file replaced whole (``atomic_write_text``).
 
     Raises:
         OSError: the directory cannot be created or written.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(doc, indent=2, default=str))
-    samples.to_csv(out_dir / "samples.csv", index=False)
+    # each file replaced whole: a Ctrl-C or kill mid-rewrite leaves the previous complete report
+    atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str))
+    atomic_write_text(out_dir / "samples.csv", samples.to_csv(index=False))
     names = list(plots(out_dir))
     for name, text in (extra_files or {}).items():
-        (out_dir / name).write_text(text)
+        atomic_write_text(out_dir / name, text)
     md = markdown(names)
-    (out_dir / "report.md").write_text(md)
+    atomic_write_text(out_dir / "report.md", md)
     if title is None:
         write_html(out_dir, md)  # one file, plots embedded
     else:
