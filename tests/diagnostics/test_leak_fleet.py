@@ -100,6 +100,15 @@ def test_router_in_flight_must_match_idle_replicas():
     assert judge_fleet(_facts(), probes)["router"]["verdict"] is None  # not exported: said, not judged
 
 
+def test_router_not_reconciled_says_whether_router_metrics_was_given():
+    probes = [_left("p1", A, 0.1), _left("p2", B, 0.1)]
+    why = judge_fleet(_facts(), probes)["router"]["reasons"]
+    assert why == [w for w in why if "needs --router-metrics URL" in w and "not given" in w] and why
+    assert "exports no" not in " ".join(why)  # the router may export one: the option was missing
+    given = judge_fleet(_facts(), probes, router_metrics="http://router:29000/metrics")["router"]["reasons"]
+    assert len(given) == 1 and "http://router:29000/metrics" in given[0] and "vllm_router_running_requests" in given[0]
+
+
 def test_a_replica_no_early_leaver_reached_is_inconclusive():
     res = judge_fleet(_facts(), [_left("p1", A, 0.1)])
     assert res["replicas"][1]["verdict"] == "INCONCLUSIVE" and res["verdict"] == "INCONCLUSIVE"

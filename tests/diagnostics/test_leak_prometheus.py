@@ -116,3 +116,49 @@ def test_cli_prometheus_against_a_fake_api_server(tmp_path):
     bad = subprocess.run([VLITE, "leak-check", "--prometheus", "http://127.0.0.1:9", "--job", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Connection refused" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _resampling_transport(rec: dict) -> httpx.MockTransport:
+    """Answer as Prometheus would for the recorded 1 s samples: a range query at any step (the
+    newest sample at or before each step, within the 5 min lookback), an instant
+    ``count_over_time`` with the number of stored samples."""
+    raw = next(c["body"] for c in rec["calls"] if c["path"] == "/api/v1/query_range")["data"]["result"]
+
+    def at(values, t):
+        older = [(ts, v) for ts, v in values if ts <= t + 1e-6]
+        return older[-1] if older and t - older[-1][0] <= 300 else None
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        q = dict(req.url.params.multi_items())
+        if req.url.path == "/api/v1/query_range":
+            start, end, step = float(q["start"]), float(q["end"]), float(q["step"])
+            ts = [start + k * step for k in range(int((end - start) / step) + 1)]
+            out = [{"metric": s["metric"], "values": [[t, p[1]] for t in ts if (p := at(s["values"], t))]}
+                   for s in raw]
+            return httpx.Response(200, json={"status": "success", "data": {"resultType": "matrix", "result": out}})
+        if req.url.path == "/api/v1/query":
+            name = q["query"].split('__name__="')[1].split('"')[0]
+            n = max(len(s["values"]) for s in raw if s["metric"]["__name__"] == name)
+            data = {"resultType": "vector", "result": [{"metric": {}, "value": [float(q["time"]), str(n)]}]}
+            return httpx.Response(200, json={"status": "success", "data": data})
+        body = next((c["body"] for c in rec["calls"] if c["path"] == req.url.path), None)
+        return httpx.Response(200 if body else 404, json=body or {"status": "error", "error": "no such path"})
+    return httpx.MockTransport(handler)
+
+
+def test_default_step_is_the_stored_scrape_interval_so_short_idle_stretches_are_seen():
+    rec = _recorded("vlite-leak")  # scraped every 1 s; its idle stretches last a few seconds
+    client = httpx.Client(transport=_resampling_transport(rec))
+    res = judge_range("http://prom:9090", "vlite-leak", parse_since(rec["since"]), end=rec["end"], client=client,
+                      on_line=lambda line: None)
+    assert res.verdict == "LEAK", res.summary
+    assert res.info["step_s"] == pytest.approx(1.0, rel=0.1) and res.info["stored_interval_s"] == res.info["step_s"]
+
+
+def test_a_step_too_coarse_for_the_idle_stretches_names_the_interval_to_try():
+    rec = _recorded("vlite-leak")
+    client = httpx.Client(transport=_resampling_transport(rec))
+    res = judge_range("http://prom:9090", "vlite-leak", parse_since(rec["since"]), end=rec["end"], step_s=15,
+                      client=client, on_line=lambda line: None)
+    assert res.verdict == "INCONCLUSIVE"
+    assert "a 15 s step" in res.summary and "try --interval 1" in res.summary, res.summary

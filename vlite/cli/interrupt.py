@@ -1,5 +1,5 @@
 """Ctrl-C that keeps what was measured: the first SIGINT asks a long run to stop and report, the
-second exits at once.
+second exits at once, also after the measured block while the command winds down.
 
 ``graceful_interrupt()`` is a context manager for the part of a command that measures (a
 leak-check replay, a benchmark's timed loop). Inside it the first SIGINT does not raise: it
@@ -39,9 +39,7 @@ def graceful_interrupt(what: str | Callable[[], str] = "the run") -> Iterator[th
 
     def on_sigint(signum, frame) -> None:
         if stop.is_set():
-            sys.stderr.write("\ninterrupted again: exiting now, nothing more is written\n")
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)  # at once: no thread joins, no drain
+            _exit_now(signum, frame)
         stop.set()
         words = what() if callable(what) else what
         sys.stderr.write(f"\ninterrupted: stopping {words}, draining for a few seconds and writing the report of "
@@ -52,4 +50,14 @@ def graceful_interrupt(what: str | Callable[[], str] = "the run") -> Iterator[th
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # once interrupted, the command is on its way out (atexit joins threads): a further
+        # Ctrl-C exits quietly instead of raising KeyboardInterrupt into an atexit callback
+        signal.signal(signal.SIGINT, _exit_now if stop.is_set() else previous)
+
+
+def _exit_now(signum, frame) -> None:
+    """A second Ctrl-C: exit 130 at once (no thread joins, no drain). Reports are replaced whole
+    (``report/atomic.py``), so the last complete one stays."""
+    sys.stderr.write("\ninterrupted again: exiting now, nothing more is written\n")
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)

@@ -127,5 +127,17 @@ def _timing(run) -> str | None:
         return None
     # only the in-process target loads a model; a client of a running server does not
     whole = "with engine start-up: model load, kernel build" if run.kind == "in-process" else "in all"
-    return (f"{common.plural(len(run.replay.requests), 'request')} in {common.seconds(run.info['replay_s'])} "
+    return (f"{_requests(run.replay)} in {common.seconds(run.info['replay_s'])} "
             f"({common.seconds(run.info.get('total_s'))} {whole}); {common.plural(len(run.samples), 'sample')}")
+
+
+def _requests(replay) -> str:
+    """The requests of a replay; of an interrupted one, only those that ended, then the rest."""
+    from vlite.diagnostics.workload.replay import request_counts
+
+    if not replay.interrupted:
+        return common.plural(len(replay.requests), "request")
+    c = request_counts(replay)
+    unseen = f", {c['in_flight']} never seen ending" if c["in_flight"] else ""
+    return (f"{c['ended']} of {c['total']} requests ended ({c['sent']} sent: {c['cut']} in flight at Ctrl-C and "
+            f"aborted by it{unseen}; {c['not_sent']} never sent)")

@@ -50,6 +50,8 @@ class Trend:
 
     slope: units per request (blocks/request or bytes/request); ci95: (low, high) of the slope;
     r2: coefficient of determination; n: idle points used. None fields when n < 3.
+    y_unit: the troughs' unit where it is not the metric's own (tokens, percent of the pool);
+    x_unit: what one step of the x axis counts ("request"; "idle stretch" for a stats log).
     """
 
     metric: str
@@ -61,6 +63,8 @@ class Trend:
     baseline: float | None = None
     last: float | None = None
     threshold: float = 0.0  # units per request the CI must clear to count as rising
+    y_unit: str | None = None
+    x_unit: str = "request"
 
     @property
     def rising(self) -> bool:

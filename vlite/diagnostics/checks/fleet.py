@@ -99,15 +99,17 @@ def judge_probe(p: Probe, step_time_s: float | None, threshold_s: float, thresho
 
 def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_flight: dict[str, float] | None = None,
                 *, threshold_s: float = DEFAULT_THRESHOLD_S, threshold_steps: int = DEFAULT_THRESHOLD_STEPS,
-                kv_tolerance: float = 0.0) -> dict:
+                kv_tolerance: float = 0.0, router_metrics: str | None = None) -> dict:
     """Per-replica verdicts, the router's reconciliation, and the fleet's verdict (the worst).
 
     Args:
         replicas: one ``ReplicaFacts`` per replica.
         probes: every probe sent (router and direct).
-        router_in_flight: the router's in-flight gauge per worker URL at idle (None: not exported).
+        router_in_flight: the router's in-flight gauge per worker URL at idle (None: not read).
         threshold_s / threshold_steps: the zombie rule's bounds (``zombie.py``).
         kv_tolerance: KV (in the replica's unit) above its idle baseline still counted as clean.
+        router_metrics: the router's metrics URL that was read (``--router-metrics``; None: not
+            given), so that a missing in-flight gauge is said for what it is.
 
     Returns:
         ``{"verdict", "replicas": [{"url", "verdict", "hop", "reasons", "served", "left_early",
@@ -169,7 +171,7 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
     router = {"verdict": "CLEAN", "in_flight": router_in_flight, "reasons": []}
     if router_in_flight is None:
         router["verdict"] = None
-        router["reasons"].append("the router exports no in-flight gauge per worker: in-flight not reconciled")
+        router["reasons"].append(_unreconciled(router_metrics))
     else:
         for url, n in sorted(router_in_flight.items()):
             if n > 0:  # replicas are idle here (checked before reading the router)
@@ -179,6 +181,15 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
     fleet = min(verdicts, key=ORDER.index) if verdicts else "INCONCLUSIVE"
     return {"verdict": fleet, "replicas": out, "router": router, "unattributed": unattributed,
             "threshold_s": threshold_s, "threshold_steps": threshold_steps}
+
+
+def _unreconciled(router_metrics: str | None) -> str:
+    """Why the router's in-flight requests were not reconciled with the idle replicas."""
+    if not router_metrics:
+        return ("router reconciliation needs --router-metrics URL (the router's Prometheus page), which was not "
+                "given: its in-flight requests per worker were not read")
+    return (f"the router's page at {router_metrics} was unreadable or has no in-flight gauge per worker "
+            f"({' or '.join(ROUTER_IN_FLIGHT)} with a worker label): in-flight not reconciled")
 
 
 def apply_storm(result: dict, storms: dict[str, dict]) -> dict:
@@ -213,7 +224,7 @@ def rejudge(doc: dict) -> dict:
     facts = [ReplicaFacts(**f) for f in doc["facts"]]
     probes = [Probe(**{**p, "timeline": [tuple(x) for x in p["timeline"]]}) for p in doc["probes"]]
     return judge_fleet(facts, probes, doc["router"]["in_flight"], threshold_s=doc["threshold_s"],
-                       threshold_steps=doc["threshold_steps"])
+                       threshold_steps=doc["threshold_steps"], router_metrics=doc.get("router_metrics"))
 
 
 def _yes(v: bool | None) -> str:

@@ -50,12 +50,13 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
     print_blackbox_verdict(res, console)
     bs = f", block_size {res.block_size} tokens (read from the server)" if res.block_size else ""
     total = f" of {res.kv_total:g}" if res.kv_total else ""
-    console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}; baseline {_v(res.baseline)} -> "
-                  f"final {_v(res.final)}", highlight=False)
+    console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}", highlight=False)
+    console.print(kv_moments(res), highlight=False)
     if res.probes:
-        console.print(f"probes: {len(res.probes)} 1-token requests, each after an idle point "
-                      f"(last: KV {res.probes[-1]['kv_used_before']} -> {res.probes[-1]['kv_used_after']})",
-                      highlight=False)
+        last = res.probes[-1]
+        console.print(f"probes: {len(res.probes)} 1-token requests, each after an idle point; the last one (after "
+                      f"{last['after']}): KV used {_v(last['kv_used_before'])} -> {_v(last['kv_used_after'])} "
+                      f"{res.unit}", highlight=False)
     for s in res.suspects:
         per = next(v for k, v in s.items() if k.endswith("per_request"))
         console.print(f"suspect: {s['client_action']}: {per:g} {res.unit}/request (95% CI {s['ci95'][0]:g} .. "
@@ -68,6 +69,21 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
         console.print(f"storm check: {line}", highlight=False)
     for n in res.notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
+
+
+def kv_moments(res: BlackboxResult) -> str:
+    """KV used at each moment the report names, in the server's unit: the baseline, after the
+    waves (what the verdict judged) and when the check ended (after bisection, zombie and storm
+    requests, which may leak more)."""
+    if res.source == "log":
+        return (f"KV used at idle ({res.unit}): {_v(res.baseline)} in an empty cache -> {_v(res.final)}, the least "
+                "in the log's last idle stretch")
+    line = (f"KV used at idle ({res.unit}): baseline {_v(res.baseline)} -> {_v(res.final)} after the waves "
+            f"(the verdict's reading, residual {_v(res.residual)})")
+    if res.kv_at_end is not None and res.kv_at_end != res.final:
+        line += (f"; {_v(res.kv_at_end)} {res.unit} when the check ended (bisection, zombie and storm requests ran "
+                 "after the verdict's reading)")
+    return line
 
 
 def report_dict(res: BlackboxResult) -> dict:
@@ -86,6 +102,7 @@ def report_dict(res: BlackboxResult) -> dict:
             "source": res.source, "run": res.info,
             "drain": {"unit": res.unit, "block_size": res.block_size, "kv_total": res.kv_total,
                       "baseline": res.baseline, "final": res.final, "residual": res.residual,
+                      "kv_at_end": res.kv_at_end,
                       "probes": res.probes},
             "trends": trends,
             "cardinality": res.cardinality,  # /metrics series per family (checks/cardinality.py)
@@ -139,7 +156,7 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
            "## Drain (KV used at idle, after a 1-token probe)\n",
            f"unit: {res.unit}; block_size: {_v(res.block_size)}"
            f"{' (read from the server)' if res.block_size else ' (the server does not say)'}; pool: {_v(res.kv_total)}; "
-           f"baseline {_v(res.baseline)} -> final {_v(res.final)} (residual {_v(res.residual)})\n",
+           f"{kv_moments(res)}\n",
            md_table(res.probes, ("after", "request_id", "status", "kv_used_before", "kv_used_after"), 50),
            "## Trend (troughs at idle points)\n", "\n".join(f"- {_fmt_trend(t)}" for t in res.trends) + "\n",
            "## Suspects (black-box attribution)\n",
@@ -247,8 +264,8 @@ def plot_troughs(res: BlackboxResult, path: Path) -> None:
     ax.plot(xs, [p.num_used_blocks for p in pts], "o", label=f"KV used at idle points ({res.unit})")
     if trend is not None and trend.slope is not None:
         ax.plot(xs, [trend.intercept + trend.slope * x for x in xs], "-", color="tab:orange",
-                label=f"fit: {trend.slope:.3g} {res.unit}/request")
-    ax.set_xlabel("requests completed" if res.source == "blackbox" else "stats line")
+                label=f"fit: {trend.slope:.3g} {res.unit} per {trend.x_unit}")
+    ax.set_xlabel("requests completed" if res.source == "blackbox" else "idle stretch (0 = the first)")
     ax.set_ylabel(res.unit)
     ax.set_title("Troughs: a clean server returns to its baseline at every idle point", fontsize=10)
     ax.legend(fontsize=8)

@@ -11,6 +11,8 @@ import html
 import re
 from pathlib import Path
 
+from vlite.diagnostics.report.atomic import atomic_write_text
+
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}
 th{background:#f3f3f3}pre,code{background:#f6f6f6;font-size:12px}pre{padding:0.6em;overflow-x:auto}
@@ -43,5 +45,5 @@ def render_html(markdown_text: str, out_dir: Path, title: str) -> str:
 def write_html(out_dir: Path, markdown_text: str, title: str = "vlite leak-check report") -> Path:
     """Write ``out_dir/report.html`` from the report's Markdown (plots embedded); returns its path."""
     path = Path(out_dir) / "report.html"
-    path.write_text(render_html(markdown_text, out_dir, title))
+    atomic_write_text(path, render_html(markdown_text, out_dir, title))
     return path

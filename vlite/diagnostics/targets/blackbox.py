@@ -37,7 +37,7 @@ import pandas as pd
 from vlite.diagnostics.checks.cardinality import cardinality_check, series_counts
 from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
-from vlite.diagnostics.targets.base import TargetPlan, TargetRun
+from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.targets.samplers import Sampler
@@ -159,6 +159,9 @@ class BlackboxResult:
     cardinality: dict | None = None  # /metrics series per family over the idle points (cardinality.py)
     drained: bool = True  # every wave drained (False: the server stopped going idle)
     storm: dict | None = None  # the wedge probe and output canary after the abort storm (storm.py), when run
+    # KV used (``unit``) when the whole check ended: bisection, zombie and storm requests run
+    # after ``final`` was read and may leak more
+    kv_at_end: float | None = None
 
     @property
     def residual(self) -> float | None:
@@ -350,8 +353,9 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
                            f"({baseline:g} -> {final:g} {unit}): blocks freed twice (double free) or a double count")
             elif residual > tol:
                 verdict = "LEAK"
-                summary = (f"LEAK: {residual:g} {unit} of KV cache still used at idle after {len(driver.probes)} "
-                           f"probes (baseline {baseline:g} -> {final:g} {unit})")
+                summary = (f"LEAK: {residual:g} {unit} of KV cache still used at idle after the {len(used) - 1} "
+                           f"waves (KV used at idle: baseline {baseline:g} -> {final:g} {unit}, read before "
+                           "any bisection)")
             else:
                 verdict = "CLEAN"
                 summary = (f"CLEAN: KV cache back to its baseline ({baseline:g} {unit}) at every idle point, "
@@ -388,7 +392,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         summary = f"{summary}; {growth}" if verdict == "LEAK" else f"LEAK: {growth}"
         verdict = "LEAK"
     block_size = first.block_size
-    trends = [trough_trend(out.idle_points), trough_trend(out.idle_points, "rss_bytes")]
+    trends = [replace(trough_trend(out.idle_points), y_unit=unit), trough_trend(out.idle_points, "rss_bytes")]
     facts = {"target": "blackbox", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
              "unit": unit, "block_size": block_size, "kv_total": first.kv_total,
              "num_requests": len(specs), "num_waves": len(waves), "gpu_source": getattr(memory, "gpu_source", None),
@@ -403,7 +407,15 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
                           list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort,
-                          cardinality=cardinality, drained=drained)
+                          cardinality=cardinality, drained=drained, kv_at_end=_kv_now(conn))
+
+
+def _kv_now(conn: Connection) -> float | None:
+    """KV used now, in the server's unit (None: ``/metrics`` not read)."""
+    try:
+        return conn.state().kv_used
+    except TargetError:
+        return None
 
 
 class BlackboxTarget:
@@ -483,6 +495,7 @@ class BlackboxTarget:
                                                 drain_timeout_s=self.drain_timeout_s))
         if before is not None:
             self._storm_checks(res, before, plan)
+        res.kv_at_end = _kv_now(self.conn)
         return res.as_target_run(self.kind)
 
     def _storm_checks(self, res: BlackboxResult, before: dict, plan: TargetPlan) -> None:

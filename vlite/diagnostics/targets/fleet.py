@@ -287,7 +287,7 @@ class FleetRun:
             facts.append(judge.ReplicaFacts(u, c.adapter.kind, self.units[u], kv_before[u], kv_after[u],
                                             step_time[u], routed, ended))
         result = judge.judge_fleet(facts, self.probes, in_flight, threshold_s=o.threshold_s,
-                                   threshold_steps=o.threshold_steps)
+                                   threshold_steps=o.threshold_steps, router_metrics=o.router_metrics)
         agree = [p for p in self.probes if p.path == "router" and p.router_worker is not None]
         result["attribution"] = (
             "per-replica counters (request_success_total, running and waiting gauges) read before and after each "
@@ -301,6 +301,7 @@ class FleetRun:
         result["facts"] = [asdict(f) for f in facts]
         result["probes"] = [asdict(p) for p in self.probes]
         result["router_url"] = self.router
+        result["router_metrics"] = o.router_metrics
         return result
 
     def run(self) -> dict:

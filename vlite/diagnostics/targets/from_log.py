@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def analyze_log(path: Path) -> BlackboxResult:
     has_time = t0 is not None
     points = [IdlePoint(float(s["time"]) if has_time and s["time"] is not None and s["time"] == s["time"]
                         else float(s["first_line"]), i, s["min_used"], None) for i, s in enumerate(stretches)]
-    trend = trough_trend(points)
+    # the troughs are fitted on the idle stretch's index: the log does not count requests
+    trend = replace(trough_trend(points), y_unit=unit, x_unit="idle stretch")
     notes = []
     if bad:
         notes.append(f"{bad} stats-like lines could not be parsed (skipped)")
@@ -165,8 +167,8 @@ def analyze_log(path: Path) -> BlackboxResult:
                        f"and 0 waiting); {len(above)} of {len(stretches)} idle stretches stay above 0")
         elif trend.rising:
             verdict = "LEAK"
-            summary = (f"LEAK: the idle troughs rise by {trend.slope:.3g} {unit} per idle stretch "
-                       f"({len(stretches)} stretches)")
+            summary = (f"LEAK: the idle troughs (the least KV used in each idle stretch) rise by "
+                       f"{trend.slope:.3g} {unit} per idle stretch ({len(stretches)} stretches)")
         elif last["min_used"] > 0:
             verdict = "INCONCLUSIVE"
             summary = (f"INCONCLUSIVE: the log ends on one idle line at {last['min_used']:g} {unit} (line "

@@ -34,6 +34,7 @@ from vlite.diagnostics.targets.prom import MetricsPage, Sample
 from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Alert, Watcher, WatchResult
 
 MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
+DEFAULT_STEP_S = 15.0  # the step when the stored scrape interval cannot be learnt
 _EXTRA = ("http_requests_total", "http_request_duration_highr_seconds_count", "process_resident_memory_bytes")
 _SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -86,6 +87,13 @@ class PrometheusAPI:
         """Values of ``label`` over the series that match ``selector``."""
         return list(self._get(f"/api/v1/label/{label}/values", [("match[]", selector)]) or [])
 
+    def query(self, query: str, at: float) -> list[dict]:
+        """An instant query at ``at`` (s since the epoch): ``[{"metric": {...}, "value": [t, "v"]}, ...]``."""
+        data = self._get("/api/v1/query", {"query": query, "time": f"{at:.3f}"})
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            raise PrometheusError(f"query answered {type(data).__name__}, not a vector")
+        return data.get("result") or []
+
     def query_range(self, query: str, start: float, end: float, step: float) -> list[dict]:
         """``[{"metric": {...labels}, "values": [[t, "v"], ...]}, ...]``."""
         data = self._get("/api/v1/query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
@@ -129,8 +137,9 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
     one replica, or each of a fleet (``judge_fleet``).
 
     Args:
-        step_s: the query step (default: 15 s, or coarser so that no series exceeds
-            ``MAX_POINTS`` points). Idle points need ``idle_scrapes`` idle steps in a row.
+        step_s: the query step (default: the interval at which Prometheus stored the job's
+            samples, else ``DEFAULT_STEP_S``; never so fine that a series exceeds ``MAX_POINTS``
+            points). Idle points need ``idle_scrapes`` idle steps in a row.
         instance: judge only the replica whose ``label`` has this value (default: every one).
         label: the label that tells the job's replicas apart (``instance``, or e.g. ``pod``).
 
@@ -140,8 +149,7 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
     """
     api = PrometheusAPI(prometheus, client)
     end = end if end is not None else time.time()
-    step = step_s or 15.0
-    step = max(step, since_s / (MAX_POINTS - 1))
+    step = max(step_s, since_s / (MAX_POINTS - 1)) if step_s else None
     instances = api.label_values(label, _selector(job, None))
     if not instances:
         raise PrometheusError(f"Prometheus at {api.base} holds no series of job {job!r} with a {label!r} label "
@@ -153,7 +161,40 @@ def judge_range(prometheus: str, job: str, since_s: float, *, step_s: float | No
                       stuck_after_s=stuck_after_s, idle_scrapes=idle_scrapes, on_line=on_line)
 
 
-def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end: float, step: float, *,
+def stored_interval(api: PrometheusAPI, series: str, since_s: float, end: float) -> float | None:
+    """Seconds between the samples Prometheus stored for ``series`` (a selector) over the last
+    ``since_s`` seconds before ``end``: the range over its sample count (``count_over_time``).
+    None when Prometheus does not answer the query or holds fewer than two samples."""
+    try:
+        result = api.query(f"count_over_time({series}[{max(1, round(since_s))}s])", end)
+        count = max(float(r["value"][1]) for r in result) if result else 0.0
+    except (PrometheusError, KeyError, IndexError, TypeError, ValueError):
+        return None
+    return since_s / count if count >= 2 else None
+
+
+def _pick_step(step: float | None, scrape_s: float | None, since_s: float) -> float:
+    """The query step: the one asked for, else the stored interval, else ``DEFAULT_STEP_S``;
+    never finer than ``MAX_POINTS`` points allow (seconds)."""
+    return max(step or scrape_s or DEFAULT_STEP_S, since_s / (MAX_POINTS - 1))
+
+
+def _coarse_hint(res: WatchResult, step: float, scrape_s: float | None, idle_scrapes: int) -> str:
+    """The summary's tail when too few idle points may only mean a step too coarse to see the
+    idle stretches ("" when the step is already as fine as the stored samples)."""
+    if res.verdict != "INCONCLUSIVE" or len(res.idle_points) >= 2:
+        return ""
+    if scrape_s is None:
+        return (f"; at a {step:g} s step an idle stretch shows only if it lasts {idle_scrapes} steps "
+                f"({idle_scrapes * step:g} s): try a smaller --interval (e.g. --interval 1)")
+    if step < 2 * scrape_s:
+        return ""
+    return (f"; at a {step:g} s step an idle stretch shows only if it lasts {idle_scrapes} steps "
+            f"({idle_scrapes * step:g} s), while Prometheus stored a sample every {scrape_s:.3g} s: "
+            f"try --interval {max(1, round(scrape_s)):g}")
+
+
+def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end: float, step: float | None, *,
                label: str, server_kind: str, stuck_after_s: float, idle_scrapes: int,
                on_line: Callable[[str], None]) -> WatchResult:
     """One replica's range through the adapter and a ``Watcher`` (``judge_range``'s arguments)."""
@@ -169,6 +210,9 @@ def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end:
     query_names = sorted(wanted & set(names))
     pattern = "|".join(re.escape(n) for n in query_names)
     query = "{" + f'job="{job}",{label}="{instance}",__name__=~"{pattern}"' + "}"
+    scrape_s = stored_interval(api, "{" + f'job="{job}",{label}="{instance}",__name__="{query_names[0]}"' + "}",
+                               since_s, end) if query_names else None
+    step = _pick_step(step, scrape_s, since_s)
     pages = pages_from_matrix(api.query_range(query, start, end, step), label)
     if not pages:
         raise PrometheusError(f"job {job!r} ({instance}) has no sample between "
@@ -200,15 +244,18 @@ def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end:
     info = {"mode": "prometheus", "prometheus": api.base, "job": job, label: instance,
             "server_kind": adapter.kind, "start": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)),
             "end": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)), "since_s": since_s, "step_s": step,
-            "steps": len(pages), "series_queried": len(query_names), "kv_total": first.kv_total if first else None}
-    return w.result(info)
+            "steps": len(pages), "series_queried": len(query_names), "kv_total": first.kv_total if first else None,
+            "stored_interval_s": scrape_s}
+    res = w.result(info)
+    res.summary += _coarse_hint(res, step, scrape_s, idle_scrapes)
+    return res
 
 
 # a fleet's verdict is its worst replica's, in this order
 _SEVERITY = ("LEAK", "ZOMBIE", "HOST-LEAK", "INCONCLUSIVE", "CLEAN")
 
 
-def judge_fleet(api: PrometheusAPI, job: str, instances: list[str], since_s: float, end: float, step: float, *,
+def judge_fleet(api: PrometheusAPI, job: str, instances: list[str], since_s: float, end: float, step: float | None, *,
                 label: str = "instance", server_kind: str = "auto", stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
                 idle_scrapes: int = IDLE_SCRAPES, on_line: Callable[[str], None] = print) -> WatchResult:
     """Judge each replica of ``job`` (``instances``: the values of ``label``) on its own and
@@ -260,7 +307,7 @@ class PrometheusTarget:
         since: how far back, e.g. ``90s``, ``30m``, ``6h`` (``parse_since``).
         instance: judge only this replica (default: every replica of the job, a verdict each).
         server_kind: the adapter, or "auto" (from the series).
-        step_s: the query step (None: 15 s, or coarser for a long range).
+        step_s: the query step (None: the interval of the stored samples, ``judge_range``).
         stuck_after_s: the ``running-stuck`` window, seconds.
         end: the range's end (``time.time()`` seconds; default: now).
         client: the ``httpx.Client`` for Prometheus's API (tests pass one bound to a fake).

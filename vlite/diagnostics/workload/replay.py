@@ -65,6 +65,23 @@ class ReplayResult:
     interrupted: str | None = None
 
 
+# the detail both replays give a request cut off by the Ctrl-C (it did not end on its own)
+CUT_BY_INTERRUPT = "the run was interrupted (Ctrl-C)"
+
+
+def request_counts(replay: ReplayResult) -> dict[str, int]:
+    """How far a replay's requests got: ``total``; ``sent``; ``ended`` (finished, or ended by their
+    own client action or the server, before any Ctrl-C); ``cut`` (in flight at the Ctrl-C, aborted
+    by it); ``in_flight`` (still pending, no end seen); ``not_sent``."""
+    rs = replay.requests
+    not_sent = sum(1 for r in rs if r.outcome == "not-sent")
+    cut = sum(1 for r in rs if r.outcome != "not-sent" and r.detail.startswith(CUT_BY_INTERRUPT))
+    in_flight = sum(1 for r in rs if r.outcome in ("pending", "streaming"))
+    sent = len(rs) - not_sent
+    return {"total": len(rs), "sent": sent, "ended": sent - cut - in_flight, "cut": cut, "in_flight": in_flight,
+            "not_sent": not_sent}
+
+
 def render_prompt(tokenizer, spec: RequestSpec) -> str:
     """The prompt text the engine gets: a chat request's message rendered with the model's chat
     template (transformers' ``apply_chat_template``), else the prompt as is."""
