@@ -118,7 +118,7 @@ def test_leak_check_defaults_agree_in_help_readme_and_docs():
     text = _help("leak-check")
     assert "[default: 60;" in _option_help(text, "--num-requests")
     assert "[default: 0.3;" in _option_help(text, "--abort-rate")
-    for doc in ("README.md", "docs/leak-check.md"):
+    for doc in ("README.md", "docs/leak-check/replay.md"):
         assert "`vlite leak-check` alone runs 60 requests, 30% of them aborted" in " ".join(
             (ROOT / doc).read_text().split()), doc
 

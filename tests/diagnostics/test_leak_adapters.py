@@ -1,6 +1,6 @@
 """Adapters for the current metric names: SGLang's kv_*_tokens, TensorRT-LLM's trtllm-serve, llama.cpp's
 GET /slots; the abort and generation-token counters the zombie check reads; and the ONE table of
-names (``METRIC_NAMES``), which docs/leak-check.md must print as is. Pages are recorded or rebuilt
+names (``METRIC_NAMES``), which docs/reference.md must print as is. Pages are recorded or rebuilt
 fixtures; fake HTTP servers for the /slots and /prometheus/metrics paths."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.targets.prom import parse_page
 
 FIX = Path(__file__).parent / "fixtures"
-DOCS = Path(__file__).parents[2] / "docs" / "leak-check.md"
+DOCS = Path(__file__).parents[2] / "docs" / "reference.md"
 
 
 def _read(name: str, extra: dict | None = None):

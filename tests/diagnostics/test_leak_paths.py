@@ -164,7 +164,7 @@ def test_every_schema_key_is_documented():
 
     from vlite.diagnostics.workload.sources import TRACE_SCHEMA
 
-    doc = (Path(__file__).parents[2] / "docs" / "leak-check.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "reference.md").read_text()
     section = doc[doc.index("## JSONL trace schema"):]
     section = section[:section.index("\n## ", 5)]
     for key in TRACE_SCHEMA:

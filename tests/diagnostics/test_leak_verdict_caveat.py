@@ -34,7 +34,7 @@ def test_a_clean_run_without_client_aborts_exits_4():
 
 
 def test_defaults_abort_as_make_run_does_with_the_documented_request_count():
-    # README, docs/leak-check.md and --help agree on them: tests/cli/test_help_texts.py
+    # README, docs/leak-check/ and --help agree on them: tests/cli/test_help_texts.py
     import typer
 
     params = {p.name: p for p in typer.main.get_command(app).commands["leak-check"].params}

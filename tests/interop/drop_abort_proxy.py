@@ -2,7 +2,7 @@
 check's ZOMBIE proof.
 
 It forwards every request round-robin to its upstreams. When the client of a streamed completion
-leaves, a real router (vllm-router 0.1.17, measured: docs/leak-check.md) closes its upstream
+leaves, a real router (vllm-router 0.1.17, measured: docs/benchmarks.md) closes its upstream
 connection, which is the abort the replica sees. This proxy instead reads the upstream response
 on to its end (``--drop-aborts``), so the replica decodes to ``max_tokens`` for nobody: the
 defect of Dynamo PR #14507. Without ``--drop-aborts`` it passes the abort on (the control).
