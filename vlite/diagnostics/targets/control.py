@@ -34,9 +34,14 @@ def get(client: httpx.Client, url: str, **kwargs) -> httpx.Response:
     return checked(client.get(url, **kwargs))
 
 
+# failures kept per endpoint: a poll that fails for a minute says so in a few, not hundreds
+MAX_PER_ENDPOINT = 10
+
+
 def failed(endpoint: str, exc: BaseException, errors: list[dict] | None) -> None:
-    """Record a failed control request to ``endpoint`` ("GET /debug/blocks (final snapshot)")."""
-    if errors is not None:
+    """Record a failed control request to ``endpoint`` ("GET /debug/blocks (final snapshot)"),
+    up to ``MAX_PER_ENDPOINT`` per endpoint."""
+    if errors is not None and sum(e["path"] == endpoint for e in errors) < MAX_PER_ENDPOINT:
         errors.append(engine_error(endpoint, None, exc))
 
 
