@@ -369,6 +369,8 @@ def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdleP
     from vlite.diagnostics.checks import coverage, evidence, registries, zombie
 
     plan = {r.request_id: r for r in results}
+    # a multi-prompt request's engine requests (<id>-<p>) answer to its client's result
+    plan |= {eid: r for r in results for eid in (r.engine_request_ids or []) if eid not in plan}
     drain = drain_check(snap)
     in_tables = {b for table in snap.block_tables.values() for b in table}
     leaked = []

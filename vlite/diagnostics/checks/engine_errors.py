@@ -41,10 +41,16 @@ def describe(errors: list[dict]) -> str:
             + ", ".join(f"{p} {c}" for p, c in paths.items()) + f"; first: {who}: {first['exception']})")
 
 
-def lines(errors: list[dict] | None) -> list[str]:
-    """One terminal line per error: path, request id and the exception (report.json has the traceback)."""
-    return [f"engine raised in {e['path']}" + (f" ({e['request_id']})" if e["request_id"] else "")
-            + f": {e['exception']}" for e in errors or []]
+def lines(errors: list[dict] | None, limit: int = 10) -> list[str]:
+    """One terminal line per error, the first ``limit``: path, request id and the exception
+    (report.json and report.md have every one, with its traceback)."""
+    errors = errors or []
+    out = [f"engine raised in {e['path']}" + (f" ({e['request_id']})" if e["request_id"] else "")
+           + f": {e['exception']}" for e in errors[:limit]]
+    if len(errors) > limit:
+        out.append(f"engine raised {len(errors) - limit} more times: every one, with its traceback, is in "
+                   "report.json and report.md (--report)")
+    return out
 
 
 def markdown(errors: list[dict] | None) -> str:
