@@ -196,3 +196,13 @@ def test_skip_free_on_abort_on_the_all_paths_workload_is_a_leak_with_the_excepti
     assert "Traceback (most recent call last)" in rollback["traceback"]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Exceptions from the engine" in md and "add_requests rollback" in md and "PlantedFault" in md
+
+
+def test_a_client_that_replays_again_reports_each_replays_own_exceptions():
+    # the cache probe replays its rounds through one client
+    engine = _RaisingEngine(raise_on={"abort"})
+    client = InProcessClient(engine, lambda: (0, None), stall_steps=20, view=_View(engine))
+    first = client.replay(_specs(2, action=ClientAction("abort-waiting")), max_concurrency=4)
+    again = client.replay([RequestSpec("x", 0.0, "hi", 1, 4, action=ClientAction("abort-waiting"))], max_concurrency=4)
+    assert [e["request_id"] for e in first.engine_errors] == ["r0", "r1"]
+    assert [e["request_id"] for e in again.engine_errors] == ["x"]

@@ -95,6 +95,7 @@ class InProcessClient:
         inflight: dict[str, tuple[RequestSpec, float]] = {}
         out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
         t0, in_wave, completed = out.start_time, 0, 0
+        first_error = len(self.errors)  # a client replays more than once (the cache probe's rounds)
         self._idle_point(out, 0)  # the baseline
 
         def done(rid: str) -> None:
@@ -145,7 +146,7 @@ class InProcessClient:
             self._drain(out)
         self._idle_point(out, completed)
         out.end_time = time.time()
-        out.engine_errors.extend(self.errors)
+        out.engine_errors.extend(self.errors[first_error:])
         return out
 
     @property
@@ -486,7 +487,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         wave = idle_every or len(specs)
         probe_series, rounds, anon = cache_probe(engine, view, specs, growing, round_size=wave, budget=budget,
                                                  max_concurrency=max_concurrency, stop=stop, pids=pids,
-                                                 seed=(info or {}).get("seed", 0))
+                                                 seed=(info or {}).get("seed", 0), errors=findings.engine_errors)
         if stop is not None and stop.is_set():  # a Ctrl-C cut the rounds short: no level can be trusted
             findings.notes.append(f"cache probe interrupted after {rounds} rounds; the host-memory verdict stands")
         else:
@@ -517,7 +518,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
 def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec], paths: list[str], *,
                 round_size: int, budget: int, max_concurrency: int = 32, stop: threading.Event | None = None,
-                pids: list[int] | None = None, seed: int = 0) -> tuple[dict, int, tuple[int, int] | None]:
+                pids: list[int] | None = None, seed: int = 0,
+                errors: list[dict] | None = None) -> tuple[dict, int, tuple[int, int] | None]:
     """The cache-versus-leak probe's rounds (``workload/probe.py``) on a drained engine: the first
     ``round_size`` specs ``REPEAT_ROUNDS`` times as they were, then with distinct prompts until
     every container of ``paths`` levels off or ``budget`` distinct requests were sent; the
@@ -525,7 +527,8 @@ def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec]
 
     Returns (path -> (repeated points, distinct points), rounds run, anonymous RSS + swap bytes
     of ``pids`` before and after, or None where unread); a point is (probe requests sent,
-    entries). ``stop`` (Ctrl-C) ends it after the round in flight.
+    entries). ``stop`` (Ctrl-C) ends it after the round in flight. ``errors`` gets the
+    exceptions the engine raised in the rounds (``checks/engine_errors.py``).
     """
     from vlite.diagnostics.workload import probe
 
@@ -541,7 +544,9 @@ def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec]
 
     def run(batch: list[RequestSpec]) -> None:
         nonlocal sent, rounds
-        client.replay(batch, max_concurrency, 0, stop=stop)
+        done = client.replay(batch, max_concurrency, 0, stop=stop)
+        if errors is not None:
+            errors.extend(done.engine_errors)
         sent, rounds = sent + len(batch), rounds + 1
         points.append((sent, sizes()))
 
