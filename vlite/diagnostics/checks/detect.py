@@ -225,7 +225,8 @@ class Findings:
         if self.engine_errors and not self.leak:
             from vlite.diagnostics.checks.engine_errors import describe
 
-            return f"ENGINE-ERROR: {describe(self.engine_errors)}; no leaked blocks or per-request state"
+            return (f"ENGINE-ERROR: {describe(self.engine_errors)}; no leaked blocks or per-request state"
+                    + (f"; {zombie_part}" if zombie_part else ""))
         if self.storm and self.storm.get("verdict") and not self.leak:
             return self.storm["summary"]
         if not self.leak and self.host_leak:
