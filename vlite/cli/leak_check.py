@@ -50,6 +50,7 @@ Verdicts and exit codes:
   1    LEAK          blocks or per-request state left after the drain
   1    ZOMBIE        requests outlived their clients
   1    HOST-LEAK     host memory keeps growing past warm-up
+  1    ENGINE-ERROR  the engine raised on add/abort/step, or --url answered 5xx
   1    WEDGED        after an abort storm /health says 200 but a plain request
                      does not complete (--url: --storm-requests)
   1    EMPTY-OUTPUT  after an abort storm the greedy canary gets HTTP 200 with

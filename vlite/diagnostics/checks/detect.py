@@ -104,6 +104,8 @@ class Findings:
     gpu_allocations: dict | None = None
     # Issue 43: the wedge probe and output canary after an abort storm (targets/storm.py, --url)
     storm: dict | None = None
+    # exceptions the engine raised on a path the run drove (checks/engine_errors.py)
+    engine_errors: list[dict] = field(default_factory=list)
 
     @property
     def host_leak(self) -> bool:
@@ -146,15 +148,18 @@ class Findings:
     @property
     def verdict(self) -> str:
         """LEAK, HOST-LEAK (blocks and per-request state clean, host memory keeps growing past
-        warm-up), ZOMBIE (no leak, but requests outlived their clients), INCONCLUSIVE (no leak
+        warm-up), ZOMBIE (no leak, but requests outlived their clients), ENGINE-ERROR (no
+        leak, but the engine raised on a path the run drove: ``engine_errors``), INCONCLUSIVE (no leak
         seen, but every request failed in the engine), INTERRUPTED (stopped by Ctrl-C before the
         workload ended; the partial findings are reported, not a verdict) or CLEAN. The CLI exits
-        0 for CLEAN, 1 for LEAK, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box
+        0 for CLEAN, 1 for LEAK, ENGINE-ERROR, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box
         check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
             return "INTERRUPTED"
         if self.leak:  # a storm verdict beside a leak is named in its summary (the leak is the cause to fix)
             return "LEAK"
+        if self.engine_errors:  # the engine raised on a path the run drove, and nothing leaked from it
+            return "ENGINE-ERROR"
         if self.storm and self.storm.get("verdict"):  # WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (checks/storm.py)
             return self.storm["verdict"]
         if self.host_leak:
@@ -202,6 +207,10 @@ class Findings:
         verdict = self.verdict
         if verdict == "LEAK" and self.storm and self.storm.get("verdict"):
             line = f"{line}; after the abort storm: {self.storm['summary']}"
+        if self.engine_errors and verdict not in ("ENGINE-ERROR", "INTERRUPTED"):
+            from vlite.diagnostics.checks.engine_errors import describe
+
+            line = f"{line}; {describe(self.engine_errors)}"
         words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
                                                                                   "INCONCLUSIVE") else None
         if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
@@ -217,6 +226,11 @@ class Findings:
             seen = (f"drain of the partial run: {d.sign} ({d.num_free_blocks} free + {d.num_cached_blocks} cached vs "
                     f"{d.num_total_blocks} total blocks{'' if d.quiescent else '; the engine had not drained'})")
             return f"INTERRUPTED: {self.interrupted}; {seen}; not a verdict on the workload, rerun to the end for one"
+        if self.engine_errors and not self.leak:
+            from vlite.diagnostics.checks.engine_errors import describe
+
+            return (f"ENGINE-ERROR: {describe(self.engine_errors)}; no leaked blocks or per-request state"
+                    + (f"; {zombie_part}" if zombie_part else ""))
         if self.storm and self.storm.get("verdict") and not self.leak:
             return self.storm["summary"]
         if not self.leak and self.host_leak:
@@ -360,6 +374,8 @@ def detect(snap: Snapshot, results: list[RequestResult], idle_points: list[IdleP
     from vlite.diagnostics.checks import coverage, evidence, registries, zombie
 
     plan = {r.request_id: r for r in results}
+    # a multi-prompt request's engine requests (<id>-<p>) answer to its client's result
+    plan |= {eid: r for r in results for eid in (r.engine_request_ids or []) if eid not in plan}
     drain = drain_check(snap)
     in_tables = {b for table in snap.block_tables.values() for b in table}
     leaked = []

@@ -33,7 +33,7 @@ from vlite.diagnostics.workload.replay import RequestResult
 # binary; it exports the gauges only for load-aware policies (not round_robin).
 ROUTER_IN_FLIGHT = ("vllm_router_running_requests", "vllm_router_worker_load")
 ROUTER_ROUTED = "vllm_router_processed_requests_total"
-ORDER = ("LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT", "ZOMBIE", "INCONCLUSIVE", "CLEAN")
+ORDER = ("LEAK", "ENGINE-ERROR", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT", "ZOMBIE", "INCONCLUSIVE", "CLEAN")
 HOP_ROUTER = "router -> replica"
 HOP_REPLICA = "replica"
 

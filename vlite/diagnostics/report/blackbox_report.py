@@ -19,6 +19,7 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
+from vlite.diagnostics.checks import engine_errors
 from vlite.diagnostics.checks.storm import lines as storm_lines
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
@@ -40,7 +41,7 @@ def _fmt_trend(t) -> str:
 def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
     color = {"CLEAN": "green", "LEAK": "red", "ZOMBIE": "red", "INCONCLUSIVE": "yellow", "WEDGED": "red",
-             "EMPTY-OUTPUT": "red", "OUTPUT-DRIFT": "red"}[res.verdict]
+             "EMPTY-OUTPUT": "red", "OUTPUT-DRIFT": "red", "ENGINE-ERROR": "red"}[res.verdict]
     console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
 
 
@@ -67,6 +68,8 @@ def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
         console.print(f"zombie check: {line}", highlight=False)
     for line in storm_lines(res.storm):
         console.print(f"storm check: {line}", highlight=False)
+    for line in engine_errors.lines(res.replay.engine_errors):  # one line each; report.json has the traceback
+        console.print(line.replace("engine raised", "server failed", 1), highlight=False, markup=False, style="red")
     for n in res.notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
 
@@ -109,6 +112,7 @@ def report_dict(res: BlackboxResult) -> dict:
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
             "zombies": res.zombies, "storm": res.storm, "process_tree": res.process_tree, "notes": res.notes,
+            "engine_errors": res.replay.engine_errors,
             "client": {"outcomes": outcomes, "requests": [asdict(r) for r in res.replay.requests]},
             "idle_points": [asdict(p) | {"kv_used": p.num_used_blocks} for p in res.replay.idle_points]}
 
@@ -185,6 +189,9 @@ def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
     if res.process_tree:
         out += ["\n## Server process tree (last sample)\n",
                 md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]
+    if res.replay.engine_errors:
+        out += ["\n## Control requests that failed (5xx, dropped connection)\n",
+                engine_errors.markdown(res.replay.engine_errors)]
     out += ["\n## Notes\n", "\n".join(f"- {n}" for n in res.notes) or "_none_", "\n\n## Plots\n",
             "\n".join(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(out)

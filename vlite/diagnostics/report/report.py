@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from vlite.diagnostics.checks import engine_errors
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 
 _BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path",
@@ -33,7 +34,7 @@ def print_verdict(findings, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
     verdict = f.verdict
-    color = "red" if verdict in ("LEAK", "HOST-LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT") else "green" if verdict == "CLEAN" else "yellow"
+    color = "red" if verdict in ("LEAK", "ENGINE-ERROR", "HOST-LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT") else "green" if verdict == "CLEAN" else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 
@@ -75,6 +76,8 @@ def print_report(run, console: Console | None = None) -> None:
                                  ("history", "size", "bound", "problem")))
     for t in f.trends:
         console.print(trend_line(t), highlight=False, markup=False)
+    for line in engine_errors.lines(f.engine_errors):  # one line each; report.json has the traceback
+        console.print(line, highlight=False, markup=False, style="red")
     for line in extra_lines(f):
         style = "yellow" if line.startswith(("not exercised", "ZOMBIE", "HOST-LEAK")) else None
         console.print(line, highlight=False, markup=False, style=style)
@@ -151,6 +154,7 @@ def report_markdown(run, plots: list[str]) -> str:
                                                           "finish_reason")),
            "\nPer-request entries left behind:\n\n",
            md_table(f.cpu_state["leftover_requests"], ("request_id", "state", "client_action", "client_outcome")),
+           "## Exceptions from the engine\n", engine_errors.markdown(f.engine_errors),
            "## Notes\n", "\n".join(f"- {n}" for n in f.notes) or "_none_", "\n\n## Plots\n",
            "\n".join(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(out)

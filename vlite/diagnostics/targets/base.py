@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # types only: importing the checks loads torch, and the CLI i
     from vlite.diagnostics.workload.sources import RequestSpec
 
 # Exit codes by verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT); every other
-# verdict (LEAK, ZOMBIE, HOST-LEAK, and after an abort storm WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT:
-# ``checks/storm.py``) 1. A CLEAN run that sent or walked no client abort exits 4
+# verdict (LEAK, ZOMBIE, HOST-LEAK, ENGINE-ERROR, and after an abort storm WEDGED, EMPTY-OUTPUT,
+# OUTPUT-DRIFT: ``checks/storm.py``) 1. A CLEAN run that sent or walked no client abort exits 4
 # instead (EXIT_HEADLINE_NOT_EXERCISED, ``TargetRun.exit_code``); 2 is a usage error.
 EXIT_CODES = {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
 EXIT_HEADLINE_NOT_EXERCISED = 4
@@ -123,8 +123,8 @@ class TargetRun:
 
     Attributes:
         kind: the target's kind (``LeakCheckTarget.kind``).
-        verdict: CLEAN, LEAK, ZOMBIE, HOST-LEAK, WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT, INCONCLUSIVE or
-            INTERRUPTED.
+        verdict: CLEAN, LEAK, ZOMBIE, HOST-LEAK, ENGINE-ERROR, WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT,
+            INCONCLUSIVE or INTERRUPTED.
         summary: the one-line verdict ("LEAK: 12 blocks held by ...").
         result: the target's own result, which its report reads: a ``RunResult`` (in-process,
             vlite serve), a ``blackbox.BlackboxResult`` (black box, log) or a

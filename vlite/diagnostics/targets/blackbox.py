@@ -391,6 +391,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         growth = "/metrics series growing with requests: " + describe_cardinality(cardinality)
         summary = f"{summary}; {growth}" if verdict == "LEAK" else f"LEAK: {growth}"
         verdict = "LEAK"
+    verdict, summary = _with_server_errors(verdict, summary, out, driver.errors)
     block_size = first.block_size
     trends = [replace(trough_trend(out.idle_points), y_unit=unit), trough_trend(out.idle_points, "rss_bytes")]
     facts = {"target": "blackbox", "url": conn.base, "server_kind": conn.adapter.kind, "server_pid": pid,
@@ -416,6 +417,20 @@ def _kv_now(conn: Connection) -> float | None:
         return conn.state().kv_used
     except TargetError:
         return None
+
+
+def _with_server_errors(verdict: str, summary: str, out: ReplayResult, errors: list[dict]) -> tuple[str, str]:
+    """Fold the control requests that got a 5xx or lost their connection into the replay's
+    ``engine_errors`` and the verdict: a CLEAN run becomes ENGINE-ERROR, another names them."""
+    if not errors:
+        return verdict, summary
+    from vlite.diagnostics.checks.engine_errors import describe
+
+    out.engine_errors.extend(errors)
+    words = describe(errors).replace("from the engine", "from the server")
+    if verdict == "CLEAN":
+        return "ENGINE-ERROR", f"ENGINE-ERROR: {words}; the KV cache was back to its baseline at every idle point"
+    return verdict, f"{summary}; {words}"
 
 
 class BlackboxTarget:

@@ -14,6 +14,7 @@ import httpx
 
 from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.base import TargetError
+from vlite.diagnostics.targets.control import checked, failed
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
 from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
 from vlite.diagnostics.workload.replay import RequestResult
@@ -141,6 +142,7 @@ class BlackboxDriver:
         self.max_concurrency = max_concurrency
         self.drain_timeout_s = drain_timeout_s
         self.probes: list[dict] = []
+        self.errors: list[dict] = []  # control requests that got a 5xx or lost their connection (findings)
         self._probe_no = 0
         self.wave_timeout_s = max(30.0, 2 * drain_timeout_s)  # a wave's requests must end by then
 
@@ -164,7 +166,8 @@ class BlackboxDriver:
         while time.monotonic() < deadline:
             try:
                 state = await self.read(client)
-            except (httpx.HTTPError, MetricsFormatError, KeyError):
+            except (httpx.HTTPError, MetricsFormatError, KeyError) as exc:
+                failed(f"GET {self.conn.metrics_path} (drain polling)", exc, self.errors)
                 state, quiet = None, 0
             if state is not None and state.idle:
                 quiet += 1
@@ -213,8 +216,10 @@ class BlackboxDriver:
                                   headers={"X-Request-Id": rid, **self.conn.headers},
                                   timeout=min(60.0, self.drain_timeout_s))
             status = r.status_code
+            checked(r)
         except httpx.HTTPError as exc:
-            status = f"{type(exc).__name__}"
+            status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else type(exc).__name__
+            failed(f"POST /v1/completions (1-token probe {rid})", exc, self.errors)
         after = await self.wait_idle(client)
         self.probes.append({"time": time.time(), "after": wave, "request_id": rid, "status": status,
                             "kv_used_before": before.kv_used, "kv_used_after": after.kv_used if after else None})

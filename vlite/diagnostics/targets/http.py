@@ -1,7 +1,8 @@
 """The vlite-serve target: replay a workload against a running ``vlite serve`` with real clients
 that really disconnect (``openai_client.send_request``), scrape ``/metrics`` while it runs (and
 count its series per family at each idle point: ``checks/cardinality.py``), and read
-``/debug/blocks`` at the end.
+``/debug/blocks`` at the end. A control request that gets a 5xx or loses its connection
+(``control.py``) is a finding in the report, and the run goes on with what it could read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.targets import control
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
@@ -27,6 +29,7 @@ from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestRe
 from vlite.diagnostics.workload.sources import RequestSpec
 
 IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
+POLL_FAILURES = 3  # failed /metrics reads in a row after which the drain polling gives up
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -45,7 +48,7 @@ def metrics_block_stats(base: str, client: httpx.Client):
     exports ``vlite:engine_steps_total``, the engine step counter ``num_steps``: None elsewhere)."""
 
     def read() -> dict:
-        m = parse_metrics(client.get(f"{base}/metrics", timeout=5).text)
+        m = parse_metrics(control.get(client, f"{base}/metrics", timeout=5).text)
         total, free = int(m["vlite:num_total_blocks"]), int(m["vlite:num_free_blocks"])
         cached = int(m.get("vlite:num_cached_blocks", 0))
         return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
@@ -74,7 +77,7 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
 
     deadline = time.time() + timeout_s
     while True:
-        text = client.get(f"{base}/metrics").text
+        text = control.get(client, f"{base}/metrics").text
         pending = labelled_values(text, "vlite:census_pending_requests").get("vlite:census_pending_requests")
         if not pending or time.time() > deadline:
             return text
@@ -147,14 +150,25 @@ def server_max_model_len(base: str, client: httpx.Client, headers: dict | None =
 
 
 async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = None,
-                     timeout_s: float = IDLE_TIMEOUT_S) -> bool:
+                     timeout_s: float = IDLE_TIMEOUT_S, errors: list[dict] | None = None) -> bool:
     """Poll /metrics until nothing runs or waits twice in a row (bounded by ``timeout_s``).
     ``marks`` gets ``quiet_t`` (the time of the first of those quiet reads) and, where the server
-    counts its steps, ``first_steps`` (the counter at the first read) and ``quiet_steps``."""
-    deadline, quiet = time.time() + timeout_s, 0
+    counts its steps, ``first_steps`` (the counter at the first read) and ``quiet_steps``. A read
+    that fails (5xx, dropped connection) goes to ``errors``; after ``POLL_FAILURES`` in a row
+    the wait gives up (False), as for a server that never drained."""
+    deadline, quiet, failures = time.time() + timeout_s, 0, 0
     while time.time() < deadline:
         t = time.time()
-        m = parse_metrics((await client.get(f"{base}/metrics")).text)
+        try:
+            m = parse_metrics(control.checked(await client.get(f"{base}/metrics")).text)
+        except control.CONTROL_FAILURES as exc:
+            control.failed("GET /metrics (drain polling)", exc, errors)
+            failures, quiet = failures + 1, 0
+            if failures >= POLL_FAILURES:
+                return False
+            await asyncio.sleep(0.2)
+            continue
+        failures = 0
         if marks is not None and "first_steps" not in marks:
             marks["first_steps"] = _steps(m)
         quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
@@ -200,9 +214,15 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
             if not stopped():
                 await send_request(base, spec, results[spec.request_id], max_model_len=max_model_len)
 
+    def idle_point(completed: int) -> None:
+        try:
+            out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
+        except control.CONTROL_FAILURES as exc:  # no trough here; the finding says why
+            control.failed("GET /metrics (idle point)", exc, out.engine_errors)
+
     async with httpx.AsyncClient(timeout=10.0) as admin:
-        await _wait_idle(base, admin)
-        out.idle_points.append(IdlePoint(time.time(), 0, *probe()))
+        await _wait_idle(base, admin, errors=out.engine_errors)
+        idle_point(0)
         for wave in waves_of(ordered, idle_every):
             if stopped():
                 break
@@ -221,15 +241,15 @@ async def _replay(base: str, specs: list[RequestSpec], max_concurrency: int, idl
             completed += len(wave)
             left = time.time()  # every client of the wave has finished or gone
             marks: dict = {}
-            if not await _wait_idle(base, admin, marks):
-                break  # still busy after the bound: the final snapshot will say it is not quiescent
+            if not await _wait_idle(base, admin, marks, errors=out.engine_errors):
+                break  # still busy after the bound (or unreadable): the final snapshot says what it can
             out.gauge_lags.append(max(0.0, marks["quiet_t"] - left) if "quiet_t" in marks else 0.0)
             if marks.get("first_steps") is not None and marks.get("quiet_steps") is not None:
                 out.gauge_lag_steps.append(max(0, marks["quiet_steps"] - marks["first_steps"]))
-            out.idle_points.append(IdlePoint(time.time(), completed, *probe()))
+            idle_point(completed)
         if stopped():
             _mark_interrupted(out)
-            await _wait_idle(base, admin, timeout_s=interrupt_drain_s)
+            await _wait_idle(base, admin, timeout_s=interrupt_drain_s, errors=out.engine_errors)
     out.end_time = time.time()
     return out
 
@@ -280,7 +300,9 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     if needs_calibration(specs):
         specs = calibrate(specs, http_greedy(base, sync), stop=stop,
                           on_progress=(lambda d, t: on_progress("calibration", d, t)) if on_progress else None)
-    metrics_before = sync.get(f"{base}/metrics").text
+    errors: list[dict] = []  # control requests outside the replay that failed (findings)
+    page = control.try_get(sync, f"{base}/metrics", "GET /metrics (before the replay)", errors)
+    metrics_before = page.text if page is not None else ""
     coverage_before = coverage.from_metrics_text(metrics_before)
     pid = listening_pid(base)
     memory = MemoryProbe(pid=pid, include_children=True)  # a tensor-parallel server's workers are its children
@@ -294,7 +316,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
 
     def probe() -> tuple[int, int | None, dict | None]:
         row = source()
-        series.append(series_counts(sync.get(f"{base}/metrics").text))
+        series.append(series_counts(control.get(sync, f"{base}/metrics").text))
         if gpu_tracer is not None:
             gpu_tracer.idle_point()
         host = None
@@ -314,10 +336,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
         completed = [p.requests_completed for p in replay.idle_points] if replay is not None else []
         gpu_growth = gpu_tracer.stop(completed) if gpu_tracer is not None else None
     sampler.sample()
-    debug = sync.get(f"{base}/debug/blocks")
-    final_metrics = census_current_metrics(sync, base)
-    snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
-        snapshot.from_metrics(parse_metrics(final_metrics))
+    snap, final_metrics, debug_on = final_snapshot(sync, base, sampler.rows, errors)
     sync.close()
     snap.coverage = coverage.from_metrics_text(final_metrics) or snap.coverage
     from vlite.diagnostics.checks.pace import itl_p99
@@ -333,7 +352,8 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zopts)
     findings.interrupted = replay.interrupted
-    findings.census = census_from_metrics(final_metrics)
+    findings.engine_errors = replay.engine_errors + errors
+    findings.census = census_from_metrics(final_metrics) if final_metrics else None
     if roles:  # a server on this host: its processes' anonymous memory, per process and per request kind
         kinds = {s.request_id: request_kind(s) for s in specs}
         findings.host_memory = host_memory_check(replay.idle_points, served_by_point(
@@ -345,12 +365,48 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     if memory.note:
         findings.notes.append(memory.note)
     facts = {"target": "http", "url": base, "server_pid": pid, "processes": roles, "num_total_blocks": snap.num_total_blocks,
-             "num_requests": len(specs), "debug_endpoints": debug.status_code == 200,
+             "num_requests": len(specs), "debug_endpoints": debug_on,
              "gpu_source": memory.gpu_source, "replay_s": round(time.time() - t0, 2),
              "num_preemptions_total": None, "sampler_errors": sampler.errors, **(info or {})}
     if replay.interrupted:
         facts["interrupted"] = replay.interrupted
     return RunResult(findings, sampler.frame(), replay, facts)
+
+
+def final_snapshot(client: httpx.Client, base: str, rows: list[dict],
+                   errors: list[dict]) -> tuple[snapshot.Snapshot, str, bool]:
+    """The drained state: ``/debug/blocks`` (the ledger) where it answers, else the counters of
+    the last ``/metrics`` page, else those of the last sample taken (``rows``). A read that
+    fails goes to ``errors``. Returns (snapshot, the last /metrics page or "", /debug answered).
+
+    Raises:
+        TargetError: nothing could be read at all (no page, no sample).
+    """
+    snap = None
+    debug = control.try_get(client, f"{base}/debug/blocks", "GET /debug/blocks (final snapshot)", errors)
+    if debug is not None and debug.status_code == 200:
+        try:
+            snap = snapshot.from_debug_blocks(debug.json())
+        except (ValueError, KeyError, TypeError) as exc:
+            control.failed("GET /debug/blocks (final snapshot)", exc, errors)
+    try:
+        text = census_current_metrics(client, base)
+    except control.CONTROL_FAILURES as exc:
+        control.failed("GET /metrics (final census)", exc, errors)
+        text = ""
+    if snap is None and text:
+        try:
+            snap = snapshot.from_metrics(parse_metrics(text))
+        except (ValueError, KeyError) as exc:
+            control.failed("GET /metrics (final census)", exc, errors)
+    if snap is None:
+        last = next((r for r in reversed(rows) if "num_total_blocks" in r), None)
+        if last is None:
+            raise TargetError(f"{base}: neither /debug/blocks nor /metrics could be read after the replay")
+        snap = snapshot.Snapshot(int(last["num_total_blocks"]), int(last["num_free_blocks"]),
+                                 int(last["num_used_blocks"]), int(last.get("num_cached_blocks", 0)),
+                                 int(last.get("num_running", 0)), int(last.get("num_waiting", 0)), has_ledger=False)
+    return snap, text, snap.has_ledger and debug is not None and debug.status_code == 200
 
 
 class HttpTarget:

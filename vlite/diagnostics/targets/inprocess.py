@@ -6,8 +6,12 @@ owns the step loop (as the async engine would), admits requests at their arrival
 ``max_concurrency``, and after every ``idle_every`` admissions waits until the engine is idle:
 those idle points are the troughs the trend regression needs.
 
-An abort that raises (as the planted ``skip-free-on-abort`` does) is caught and recorded, the
-way a server logs an exception in a disconnect handler and carries on.
+An exception from the engine on any path the client drives (add, the rollback of a refused
+multi-prompt request, abort, step, the idle-point census) is a finding
+(``checks/engine_errors.py``), never a crash: an abort that raises (as the planted
+``skip-free-on-abort`` does) is recorded and the replay goes on, the way a server logs an
+exception in a disconnect handler and carries on; a step that raises is retried up to
+``MAX_STEP_FAILURES`` times in a row, then the replay stops and what is there is judged.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from vlite.diagnostics.checks import snapshot
 from vlite.diagnostics.checks.cache_probe import REPEAT_ROUNDS, apply_probe, levelled
 from vlite.diagnostics.checks.cardinality import FamilyCounts, cardinality_check, series_counts
 from vlite.diagnostics.checks.detect import detect
+from vlite.diagnostics.checks.engine_errors import engine_error
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets.alloc_trace import AllocationTrace
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
+from vlite.diagnostics.targets.census_view import census_findings
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, TorchRecorder
 from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload.all_paths import is_extra_probe
@@ -39,6 +45,7 @@ from vlite.entrypoints.metrics import ServerMetrics
 
 ROUTE = "leak-check"
 CACHE_PROBE_MIN_REQUESTS = 128  # distinct requests the cache probe may send at least (a cap it must reach)
+MAX_STEP_FAILURES = 3  # steps in a row that raise before the client stops the replay (the engine is dead)
 
 
 def sampling_params_for(spec: RequestSpec) -> SamplingParams:
@@ -70,6 +77,8 @@ class InProcessClient:
         self._orphan_steps = 0  # steps in a row with engine work but no request in flight
         self._finished_ids: set[str] = set()  # requests seen finishing (a stuck one may re-emit its end)
         self._stuck = False  # the engine kept work no client waits for, through stall_steps steps
+        self.errors: list[dict] = []  # exceptions the engine raised (checks/engine_errors.py)
+        self._step_failures = 0  # steps in a row that raised
 
     def replay(self, specs: list[RequestSpec], max_concurrency: int = 32, idle_every: int = 0,
                stop: threading.Event | None = None, interrupt_drain_s: float = 5.0) -> ReplayResult:
@@ -86,6 +95,7 @@ class InProcessClient:
         inflight: dict[str, tuple[RequestSpec, float]] = {}
         out = ReplayResult([results[s.request_id] for s in specs], start_time=time.time())
         t0, in_wave, completed = out.start_time, 0, 0
+        first_error = len(self.errors)  # a client replays more than once (the cache probe's rounds)
         self._idle_point(out, 0)  # the baseline
 
         def done(rid: str) -> None:
@@ -96,6 +106,9 @@ class InProcessClient:
         while queue or inflight:
             if stop is not None and stop.is_set():
                 self._interrupt(out, queue, inflight, results, done, interrupt_drain_s)
+                break
+            if self.engine_dead:
+                self._stop_dead(out, queue, inflight, results, done)
                 break
             now = time.time()
             wave_full = idle_every > 0 and in_wave >= idle_every
@@ -129,11 +142,30 @@ class InProcessClient:
                     done(rid)
             elif queue:
                 time.sleep(min(0.05, max(0.0, queue[0].arrival_s - (time.time() - t0))))
-        if out.interrupted is None:
+        if out.interrupted is None and not self.engine_dead:
             self._drain(out)
         self._idle_point(out, completed)
         out.end_time = time.time()
+        out.engine_errors.extend(self.errors[first_error:])
         return out
+
+    @property
+    def engine_dead(self) -> bool:
+        """The last ``MAX_STEP_FAILURES`` steps all raised: the client stops stepping the engine."""
+        return self._step_failures >= MAX_STEP_FAILURES
+
+    def _stop_dead(self, out: ReplayResult, queue, inflight, results, done) -> None:
+        """The engine's step keeps raising: send nothing more, abort those in flight (as clients
+        that got an error; an abort may raise too) and judge what is there, undrained."""
+        for spec in queue:
+            res = results[spec.request_id]
+            res.outcome, res.detail = "not-sent", "not sent: the engine's step kept raising"
+        queue.clear()
+        for rid in list(inflight):
+            self._abort(rid, results[rid], "the engine's step kept raising: the client got an error")
+            done(rid)
+        out.notes.append(f"the replay stopped: the engine's step raised {MAX_STEP_FAILURES} times in a row "
+                         f"({self.errors[-1]['exception']}); the state it left is judged as it is")
 
     def _interrupt(self, out: ReplayResult, queue, inflight, results, done, drain_s: float) -> None:
         """Stop early: the queued requests are not sent, those in flight are aborted (as clients
@@ -157,9 +189,9 @@ class InProcessClient:
         left (bounded by ``stall_steps`` and, if given, the ``deadline`` in ``time.time()``
         seconds): a request that outlived its client runs out here."""
         steps = 0
-        while self.engine.has_unfinished_requests() and steps < self.stall_steps \
+        while self.engine.has_unfinished_requests() and steps < self.stall_steps and not self.engine_dead \
                 and (deadline is None or time.time() < deadline):
-            self.engine.step()
+            self._guarded_step()
             steps += 1
         if steps:
             out.notes.append(f"the engine still had work after every client had left: {steps} more steps "
@@ -186,7 +218,11 @@ class InProcessClient:
     def _idle_point(self, out: ReplayResult, completed: int) -> None:
         if out.idle_points and out.idle_points[-1].requests_completed == completed:
             return
-        used, rss, *host = self.probe()  # the in-process probe adds host readings
+        try:
+            used, rss, *host = self.probe()  # the in-process probe adds host readings (the census walk)
+        except Exception as exc:  # noqa: BLE001 - the engine's state could not be read: a finding, no idle point
+            self.errors.append(engine_error("idle-point census", None, exc))
+            return
         out.idle_points.append(IdlePoint(time.time(), completed, used, rss, host[0] if host else None))
 
     def _admit(self, spec: RequestSpec, res: RequestResult, results: dict | None = None) -> list[str]:
@@ -204,7 +240,16 @@ class InProcessClient:
         except (RequestRejectedError, ValueError) as exc:
             res.outcome, res.detail, res.end_time = "rejected", str(exc), time.time()
             return []
+        except Exception as exc:  # noqa: BLE001 - the engine raised in its add path: a finding
+            self._engine_raised("add_request", spec.request_id, exc, res)
+            return []
         return [spec.request_id]
+
+    def _engine_raised(self, path: str, rid: str, exc: BaseException, res: RequestResult) -> None:
+        """Record ``exc`` from ``path`` as a finding; the client's request ended in an error."""
+        err = engine_error(path, rid, exc)
+        self.errors.append(err)
+        res.outcome, res.detail, res.end_time = "engine-error", f"{path} raised {err['exception']}", time.time()
 
     def _admit_group(self, spec: RequestSpec, res: RequestResult, results: dict | None) -> list[str]:
         """A multi-prompt request as the API server adds one: an engine request per prompt
@@ -218,12 +263,20 @@ class InProcessClient:
                                                           spec.action.label))
                 for rid, text in zip(ids, expand_prompts(spec, self.view.info().max_model_len))]
         res.engine_request_ids = ids
+        refusal = (RequestRejectedError, ValueError)
         try:
             self.engine.add_requests(reqs)
-        except (RequestRejectedError, ValueError) as exc:
-            res.outcome, res.detail = "rejected", f"one prompt of {len(ids)} refused: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a refusal, or the engine raised in its add path or rollback
+            refused = exc if isinstance(exc, refusal) else exc.__context__
+            if not isinstance(refused, refusal):
+                self._engine_raised("add_requests", spec.request_id, exc, res)
+                return []
+            res.outcome, res.detail = "rejected", f"one prompt of {len(ids)} refused: {refused}"
             res.end_time = res.abort_time = time.time()
             res.abort_step, res.tokens_at_abort = self.view.step, 0
+            if exc is not refused:  # aborting the siblings admitted before the refusal raised
+                self.errors.append(engine_error("add_requests rollback", spec.request_id, exc))
+                res.detail += f"; the rollback of its admitted prompts raised {self.errors[-1]['exception']}"
             return []
         if results is not None:
             for rid in ids:  # each engine request reports into the one client result
@@ -236,6 +289,7 @@ class InProcessClient:
         try:
             self.engine.abort(rid)
         except Exception as exc:  # noqa: BLE001 - a failing disconnect handler must not stop the server (or us)
+            self.errors.append(engine_error("abort", rid, exc))
             res.outcome, res.detail = "abort-raised", f"{detail}; abort raised {type(exc).__name__}: {exc}"
             return
         res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
@@ -247,9 +301,24 @@ class InProcessClient:
                 self._abort(rid, results[rid], f"client timed out after {now - t_admit:.2f} s")
                 done(rid)
 
+    def _guarded_step(self) -> list | None:
+        """One engine step; its outputs, or None when it raised (recorded; ``engine_dead`` after
+        ``MAX_STEP_FAILURES`` in a row)."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - a raising step is a finding; the client retries a few times
+            self.errors.append(engine_error("step", None, exc))
+            self._step_failures += 1
+            return None
+        self._step_failures = 0
+        return outputs
+
     def _step(self, inflight, results, done) -> None:
         before = self.view.stats().generation_tokens_total
-        outputs = self.engine.step()
+        outputs = self._guarded_step()
+        if outputs is None:
+            self._quiet_steps += 1
+            return
         if self.on_output is not None:
             for ro in outputs:
                 self.on_output(ro)
@@ -399,9 +468,13 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
     snap = snapshot.from_view(view)
     findings = detect(snap, replay.requests, replay.idle_points, coverage_before=coverage_before,
                       zombie_options=zombie_options)
-    findings.census = census_findings(view, replay.requests,
-                                      workers=facts.tensor_parallel_size > 1 and not replay.interrupted
-                                      and not worker_errors)
+    findings.engine_errors = list(replay.engine_errors)
+    try:
+        findings.census = census_findings(view, replay.requests,
+                                          workers=facts.tensor_parallel_size > 1 and not replay.interrupted
+                                          and not worker_errors)
+    except Exception as exc:  # noqa: BLE001 - the engine's state could not be walked: a finding, no census
+        findings.engine_errors.append(engine_error("census", None, exc))
     findings.notes.extend(worker_errors)
     kinds = {s.request_id: request_kind(s) for s in specs}
     served = served_by_point([p.time for p in replay.idle_points],
@@ -414,7 +487,7 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
         wave = idle_every or len(specs)
         probe_series, rounds, anon = cache_probe(engine, view, specs, growing, round_size=wave, budget=budget,
                                                  max_concurrency=max_concurrency, stop=stop, pids=pids,
-                                                 seed=(info or {}).get("seed", 0))
+                                                 seed=(info or {}).get("seed", 0), errors=findings.engine_errors)
         if stop is not None and stop.is_set():  # a Ctrl-C cut the rounds short: no level can be trusted
             findings.notes.append(f"cache probe interrupted after {rounds} rounds; the host-memory verdict stands")
         else:
@@ -445,7 +518,8 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
 
 def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec], paths: list[str], *,
                 round_size: int, budget: int, max_concurrency: int = 32, stop: threading.Event | None = None,
-                pids: list[int] | None = None, seed: int = 0) -> tuple[dict, int, tuple[int, int] | None]:
+                pids: list[int] | None = None, seed: int = 0,
+                errors: list[dict] | None = None) -> tuple[dict, int, tuple[int, int] | None]:
     """The cache-versus-leak probe's rounds (``workload/probe.py``) on a drained engine: the first
     ``round_size`` specs ``REPEAT_ROUNDS`` times as they were, then with distinct prompts until
     every container of ``paths`` levels off or ``budget`` distinct requests were sent; the
@@ -453,7 +527,8 @@ def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec]
 
     Returns (path -> (repeated points, distinct points), rounds run, anonymous RSS + swap bytes
     of ``pids`` before and after, or None where unread); a point is (probe requests sent,
-    entries). ``stop`` (Ctrl-C) ends it after the round in flight.
+    entries). ``stop`` (Ctrl-C) ends it after the round in flight. ``errors`` gets the
+    exceptions the engine raised in the rounds (``checks/engine_errors.py``).
     """
     from vlite.diagnostics.workload import probe
 
@@ -469,7 +544,9 @@ def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec]
 
     def run(batch: list[RequestSpec]) -> None:
         nonlocal sent, rounds
-        client.replay(batch, max_concurrency, 0, stop=stop)
+        done = client.replay(batch, max_concurrency, 0, stop=stop)
+        if errors is not None:
+            errors.extend(done.engine_errors)
         sent, rounds = sent + len(batch), rounds + 1
         points.append((sent, sizes()))
 
@@ -485,31 +562,6 @@ def cache_probe(engine: EngineClient, view: EngineView, specs: list[RequestSpec]
     anon1 = anon_swap_bytes(pids or [os.getpid()])
     series = {p: ([(x, s[p]) for x, s in points[:split + 1]], [(x, s[p]) for x, s in points[split:]]) for p in paths}
     return series, rounds, (anon0, anon1) if anon0 is not None and anon1 is not None else None
-
-
-def census_findings(view, requests, workers: bool = False) -> dict:
-    """The request-id census at the drained idle point (``EngineView.request_census``), each
-    container's requests joined with what their clients did; ``elapsed_ms`` is its cost.
-
-    ``workers``: also the census inside each tensor-parallel worker (``EngineView.worker_census``):
-    its containers join ``held`` with their path prefixed by the rank (``tp_rank1:worker.x``)
-    and ``process`` naming rank and pid; ``workers`` lists each rank's pid, objects visited
-    and cost (ms)."""
-    actions = {r.request_id: r.action_label for r in requests}
-    t0 = time.perf_counter()
-    result = view.request_census(set(actions))
-    out = result.to_dict()
-    out["elapsed_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-    if workers:
-        out["workers"] = []
-        for w in view.worker_census(set(actions)):
-            out["workers"].append({k: w[k] for k in ("rank", "pid", "objects_visited", "truncated", "elapsed_ms")})
-            out["truncated"] = out["truncated"] or w["truncated"]
-            out["held"] += [h | {"path": f"tp_rank{w['rank']}:{h['path']}",
-                                 "process": f"tp_rank{w['rank']} (pid {w['pid']})"} for h in w["held"]]
-    for h in out["held"]:
-        h["client_actions"] = sorted({actions.get(rid, "?") for rid in h["request_ids"]})
-    return out
 
 
 class InProcessTarget:

@@ -13,8 +13,9 @@ from vlite.diagnostics.workload.sources import RequestSpec
 class RequestResult:
     """What happened to one replayed request, as the client saw it.
 
-    outcome: finished | aborted | rejected | error | abort-raised | lost | not-sent (the run was
-    interrupted first).
+    outcome: finished | aborted | rejected | error | abort-raised | engine-error (the engine raised
+    on this request's add or step path) | lost | not-sent (the run was interrupted first, or the
+    engine stopped stepping).
     times are ``time.time()`` seconds; ``detail`` says what the client observed
     (e.g. "aborted during prefill, 32/97 prompt tokens cached").
     """
@@ -63,6 +64,9 @@ class ReplayResult:
     gauge_lag_steps: list[int] = field(default_factory=list)
     # Set when the replay was stopped early (Ctrl-C): what happened, in words; None for a full run.
     interrupted: str | None = None
+    # Exceptions the engine (or, over HTTP, the server) raised on a path the replay drove
+    # (``checks/engine_errors.py``): findings, each with its path, request id and traceback.
+    engine_errors: list[dict] = field(default_factory=list)
 
 
 # the detail both replays give a request cut off by the Ctrl-C (it did not end on its own)
