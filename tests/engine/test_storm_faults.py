@@ -8,8 +8,8 @@ from __future__ import annotations
 from utils import BLOCK, fake_result, make_seq
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
-from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.fault_seams import scheduler_factory
+from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.scheduler import Scheduler
 from vlite.engine.core.sequence import FinishReason
 

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from vlite.engine import CompletionOutput, EngineRequest, RequestOrigin, RequestOutput, SamplingParams
-from vlite.engine import census
+from vlite.engine import CompletionOutput, EngineRequest, RequestOrigin, RequestOutput, SamplingParams, census
 from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.core.scheduler import Scheduler
 from vlite.engine.outputs import RequestMetrics

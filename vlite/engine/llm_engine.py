@@ -427,12 +427,12 @@ class LLMEngine:
     @property
     def prompt_tokens_total(self) -> int:
         """Prefill tokens computed since start (tokens)."""
-        return self.scheduler.prompt_tokens_total
+        return self.scheduler.stats.prompt_tokens_total
 
     @property
     def generation_tokens_total(self) -> int:
         """Output tokens generated since start (tokens)."""
-        return self.scheduler.generation_tokens_total
+        return self.scheduler.stats.generation_tokens_total
 
     def stats(self) -> EngineStats:
         return EngineView(self).stats()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
@@ -31,6 +31,7 @@ from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
 from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from vlite.engine.core.structured_output import StructuredOutputManager
+from vlite.engine.metrics import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +72,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # live requests by request id
         self.finished_records: OrderedDict[int, RequestRecord] = OrderedDict()  # by seq id, oldest first
         self.step_counter = 0
-        self.num_preemptions_total = 0
-        self.num_preemptions_in_prefill = 0  # of those, sequences with no output token yet
-        self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
-        self.prompt_tokens_total = 0  # prefill tokens computed (tokens)
-        self.generation_tokens_total = 0  # output tokens appended (tokens)
-        # Coverage counters: sequences finished by kind ("stop:eos", "stop:stop_token",
-        # "stop:stop_string", "stop:beam_pruned", "length", "abort", "error"), aborted
-        # sequences by the state they were in, beams pruned.
-        self.finish_counts: Counter[str] = Counter()
-        self.abort_states: Counter[str] = Counter()
-        # coverage of the request API: requests by feature, aborted sequences by "family: state"
-        self.feature_counts: Counter[str] = Counter()
-        self.aborts_by_family: Counter[str] = Counter()
-        self.num_beam_prunes = 0
-        # sequences the engine ended for the request's own parameters after scheduling them
-        # (structured output whose token filters leave no token: HTTP 400, error_kind "request")
-        self.num_rejected_after_scheduling = 0
+        self.stats = SchedulerStats()  # the coverage and token counters (make_stats)
 
     # ---- queue management ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -108,7 +93,7 @@ class Scheduler:
             raise
         self.requests[request.request_id] = request
         self.waiting.extend(request.live)
-        self.feature_counts.update(request_features(request.params))
+        self.stats.feature_counts.update(request_features(request.params))
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a new request made of one sequence (no beam search)."""
@@ -139,6 +124,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the counters (``SchedulerStats``) for metrics and the diagnostics."""
+        return self.stats.copy()
 
     # ---- scheduling ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -203,7 +192,7 @@ class Scheduler:
             seq.num_computed_tokens += num_cached
             self.waiting.popleft()
             if seq.status is SequenceStatus.PREEMPTED:
-                self.num_resumptions_total += 1
+                self.stats.num_resumptions_total += 1
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
@@ -242,8 +231,8 @@ class Scheduler:
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
-        self.num_preemptions_total += 1
-        self.num_preemptions_in_prefill += seq.num_output_tokens == 0
+        self.stats.num_preemptions_total += 1
+        self.stats.num_preemptions_in_prefill += seq.num_output_tokens == 0
         rec = self._record_of(seq)
         if rec is not None:
             rec.status, rec.num_preemptions = seq.status.value, seq.num_preemptions
@@ -262,7 +251,7 @@ class Scheduler:
                                        seq.num_computed_tokens + item.num_new_tokens)
             seq.num_computed_tokens += item.num_new_tokens
             if seq.num_output_tokens == 0:
-                self.prompt_tokens_total += item.num_new_tokens
+                self.stats.prompt_tokens_total += item.num_new_tokens
             self.kv_cache_manager.cache_full_blocks(seq)
         touched: dict[str, Request] = {}
         sampled = result.sampler_output
@@ -331,10 +320,10 @@ class Scheduler:
                 seq.last_token_time = now
                 seq.first_token_time = seq.first_token_time or now
                 next_running.append(seq)
-                self.generation_tokens_total += 1
+                self.stats.generation_tokens_total += 1
         for parent in beam.running:
             if parent.seq_id not in by_parent:
-                self.num_beam_prunes += 1
+                self.stats.num_beam_prunes += 1
                 self.finish_sequence(parent, FinishReason.STOP, kind="stop:beam_pruned")  # pruned
         beam.running = next_running
         if beam.done:
@@ -351,7 +340,7 @@ class Scheduler:
             self.structured_output.accept(seq, token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
-        self.generation_tokens_total += 1
+        self.stats.generation_tokens_total += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
@@ -364,7 +353,7 @@ class Scheduler:
             # request's token filters (allowed_token_ids, bad_words) left none of them; the
             # matcher's own dump (grammar_error) is internal, so it goes to the debug log only.
             logger.debug("request %r: %s", seq.request_id, grammar_error)
-            self.num_rejected_after_scheduling += 1  # Coverage.rejections["after scheduling"]
+            self.stats.num_rejected_after_scheduling += 1  # Coverage.rejections["after scheduling"]
             self.finish_sequence(seq, FinishReason.ERROR, error_kind="request", error=(
                 f"the request's constraints leave no token to generate at output token {seq.num_output_tokens}: "
                 "allowed_token_ids or bad_words exclude every token that its structured output allows next"))
@@ -432,7 +421,7 @@ class Scheduler:
         if rec is None:
             return
         if rec.finish_reason is None and seq.finish_reason is not None:
-            self.finish_counts[kind or _finish_kind(seq)] += 1
+            self.stats.finish_counts[kind or _finish_kind(seq)] += 1
         if seq.finish_reason is not None and rec.finish_path is None:
             rec.finish_path = path or kind or _finish_kind(seq)
         rec.status = seq.status.value
@@ -465,8 +454,8 @@ class Scheduler:
         seqs = list(self.requests.get(request_id, ()))
         family = request_family(self.requests[request_id].params) if seqs else None
         for seq in seqs:
-            self.abort_states[_abort_state(seq)] += 1
-            self.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
+            self.stats.abort_states[_abort_state(seq)] += 1
+            self.stats.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
         errors = []
         for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
             try:
