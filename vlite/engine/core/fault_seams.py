@@ -11,9 +11,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.core.faults import FaultSet, PlantedFault
 from vlite.engine.core.kv_cache_manager import KVCacheManager
 from vlite.engine.core.ledger import AllocationSite
+from vlite.engine.core.request import Request
 from vlite.engine.core.sched_output import ForkSamples
 from vlite.engine.core.scheduler import Scheduler
 from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
@@ -117,15 +119,15 @@ class FaultyScheduler(Scheduler):
         **kwargs: as for ``Scheduler``.
     """
 
-    def __init__(self, config, cache_config, num_blocks: int, *, faults: FaultSet, enable_ledger: bool = True,
-                 **kwargs) -> None:
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int, *, faults: FaultSet,
+                 enable_ledger: bool = True, **kwargs) -> None:
         super().__init__(config, cache_config, num_blocks, enable_ledger=enable_ledger, **kwargs)
         self.faults = faults
         self.kv_cache_manager = FaultyKVCacheManager(num_blocks, cache_config.block_size, enable_ledger=enable_ledger,
                                                      enable_prefix_caching=cache_config.enable_prefix_caching,
                                                      faults=faults)
 
-    def _fork_samples(self, req, parent: Sequence, forks: ForkSamples, now: float) -> None:
+    def _fork_samples(self, req: Request, parent: Sequence, forks: ForkSamples, now: float) -> None:
         if parent.seq_id in self.kv_cache_manager.reused_orphans:
             return  # it ends with no token below, before any sample is forked
         super()._fork_samples(req, parent, forks, now)
