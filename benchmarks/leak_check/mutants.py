@@ -69,9 +69,9 @@ MUTANTS = [
            "        for block_id in reversed(table[1:]):\n"),
     Mutant("free-skips-shared-blocks", "free / prefix cache", "free() skips blocks shared with another sequence",
            "engine/core/kv_cache_manager.py",
-           "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):",
+           "            self._release(block_id, seq)\n        return len(table)",
            "            if self.blocks[block_id].ref_count > 1:\n                continue\n"
-           "            self._release(block_id, seq)\n        if self.faults.active(\"double-free\"):"),
+           "            self._release(block_id, seq)\n        return len(table)"),
     Mutant("prefix-hit-evictable-count", "allocation (prefix hit)",
            "taking a cached block on a prefix hit forgets to decrement the evictable count",
            "engine/core/block_pool.py",
@@ -99,8 +99,8 @@ MUTANTS = [
            "            self._release(src, seq, \"copy-on-write\")\n            self._release(src, seq, \"copy-on-write\")\n"),
     Mutant("preempt-in-prefill-drops-table", "preemption",
            "preempting a sequence that has no output token yet drops its table without a free",
-           "engine/core/scheduler.py", "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED",
-           "        elif seq.num_output_tokens == 0:\n            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n"
+           "engine/core/scheduler.py", "        self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED",
+           "        if seq.num_output_tokens == 0:\n            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n"
            "        else:\n            self.kv_cache_manager.free(seq)\n        seq.status = SequenceStatus.PREEMPTED"),
     Mutant("stop-string-no-free", "finish (stop string)", "a stop-string finish skips the release",
            "engine/core/scheduler.py", "            self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]",

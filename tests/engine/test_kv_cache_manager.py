@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vlite.engine.core.fault_seams import FaultyKVCacheManager
 from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.kv_cache_manager import KVCacheManager
 from vlite.engine.core.ledger import AllocationSite
@@ -57,7 +58,7 @@ def test_allocation_is_all_or_nothing():
 
 
 def test_double_free_fault_is_recorded_as_anomaly():
-    bm = KVCacheManager(num_blocks=4, block_size=4, faults=FaultSet(["double-free"]))
+    bm = FaultyKVCacheManager(num_blocks=4, block_size=4, faults=FaultSet(["double-free"]))
     seq = make_seq(6)
     bm.allocate(seq, 6)
     bm.free(seq)

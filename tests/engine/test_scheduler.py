@@ -72,7 +72,7 @@ def test_preemption_takes_the_latest_arrival_frees_its_blocks_and_requeues_it_fi
     assert out.preempted == [b]
     assert [s.seq for s in out.scheduled] == [a]
     assert b.status is SequenceStatus.PREEMPTED and b.num_computed_tokens == 0 and b.num_preemptions == 1
-    assert sched.num_preemptions_total == 1
+    assert sched.stats.num_preemptions_total == 1
     assert list(sched.waiting) == [b, c]  # front of the queue, ahead of the newer c
     assert sched.kv_cache_manager.get_block_table(b.seq_id) == []
     assert held_blocks(sched) == 4  # a's 4 blocks; b's 3 went back to the free list

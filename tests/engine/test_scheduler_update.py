@@ -21,13 +21,13 @@ def test_update_appends_tokens_and_finishes_at_max_tokens_through_the_free_path(
     assert len(out.block_tables[seq.seq_id]) == 2 and out.blocks_to_copy == [] and not out.keep_logits
     (req,) = sched.update_from_output(out, fake_result(out, 3))
     assert seq.num_computed_tokens == 6 and seq.output_token_ids == [3] and not req.is_finished
-    assert sched.prompt_tokens_total == 6 and sched.generation_tokens_total == 1
+    assert sched.stats.prompt_tokens_total == 6 and sched.stats.generation_tokens_total == 1
     out = sched.schedule()
     (req,) = sched.update_from_output(out, fake_result(out, 5))
     assert seq.output_token_ids == [3, 5] and req.is_finished and seq.finish_reason.value == "length"
     assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
     rec = sched.request_record(seq.seq_id)
-    assert rec.finish_reason == "length" and rec.num_output_tokens == 2 and sched.finish_counts["length"] == 1
+    assert rec.finish_reason == "length" and rec.num_output_tokens == 2 and sched.stats.finish_counts["length"] == 1
 
 
 def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
@@ -36,7 +36,7 @@ def test_stop_token_ends_the_sequence_in_the_step_it_is_sampled():
     sched.add_sequence(seq)
     out = sched.schedule()
     sched.update_from_output(out, fake_result(out, 9))
-    assert seq.finish_reason.value == "stop" and seq.stop_reason == 9 and sched.finish_counts["stop:stop_token"] == 1
+    assert seq.finish_reason.value == "stop" and seq.stop_reason == 9 and sched.stats.finish_counts["stop:stop_token"] == 1
     assert not sched.has_unfinished() and sched.kv_cache_manager.num_used_blocks == 0
 
 
@@ -54,5 +54,5 @@ def test_n_samples_fork_after_the_prompt_and_share_its_blocks():
     assert tables[0] == tables[1] == tables[2] and sched.kv_cache_manager.num_used_blocks == 2  # shared
     sched.abort("n")
     assert sched.requests == {} and sched.kv_cache_manager.num_used_blocks == 0
-    assert sched.abort_states["decode"] == 3 and all(sched.request_record(s.seq_id).finish_reason == "abort"
+    assert sched.stats.abort_states["decode"] == 3 and all(sched.request_record(s.seq_id).finish_reason == "abort"
                                                      for s in req.seqs)

@@ -8,14 +8,15 @@ from __future__ import annotations
 from utils import BLOCK, fake_result, make_seq
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
+from vlite.engine.core.fault_seams import scheduler_factory
 from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.scheduler import Scheduler
 from vlite.engine.core.sequence import FinishReason
 
 
 def _scheduler(fault: str | None, num_blocks: int = 8) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8), CacheConfig(block_size=BLOCK),
-                     num_blocks, FaultSet([fault] if fault else []))
+    make = scheduler_factory(FaultSet([fault] if fault else []))
+    return make(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8), CacheConfig(block_size=BLOCK), num_blocks)
 
 
 def _step(sched: Scheduler):

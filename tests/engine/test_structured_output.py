@@ -186,7 +186,7 @@ def test_preemption_keeps_the_grammar_state(tiny_checkpoint):
     alone = [o.outputs[0].text for o in roomy]
     tight = make_engine(tiny_checkpoint, num_blocks=14, block_size=4, max_num_batched_tokens=32)
     outs = tight.generate(prompts, params)
-    assert tight.scheduler.num_preemptions_total > 0
+    assert tight.scheduler.stats.num_preemptions_total > 0
     assert [o.outputs[0].text for o in outs] == alone
     assert all(re.fullmatch(r"[a-z]{30}\.", t) for t in alone)
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)

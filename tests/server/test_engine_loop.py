@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-from vlite.engine import CompletionOutput, EngineRequest, RequestOrigin, RequestOutput, SamplingParams
+from vlite.engine import CompletionOutput, EngineRequest, RequestOrigin, RequestOutput, SamplingParams, census
+from vlite.engine.config import CacheConfig, SchedulerConfig
+from vlite.engine.core.scheduler import Scheduler
 from vlite.engine.outputs import RequestMetrics
 from vlite.engine.serving.engine_loop import EngineLoop, TransportClosed
 
 
 class FakeEngine:
-    """Adds requests, emits one token per step and finishes after ``length`` tokens."""
+    """Adds requests, emits one token per step and finishes after ``length`` tokens; its idle
+    scheduler is what the loop's census walks besides it."""
 
     def __init__(self, length: int = 2, reject: str | None = None) -> None:
         self.length, self.reject = length, reject
+        self.scheduler = Scheduler(SchedulerConfig(), CacheConfig(block_size=4), num_blocks=4)
         self.live: dict[str, int] = {}
         self.aborted: list[str] = []
         self.dead_error = None
@@ -130,3 +134,16 @@ def test_a_query_by_name_and_a_failing_one_answer_their_callers():
     results = {ev[1]: ev for ev in transport.events() if ev[0] == "result"}
     assert results[1][2] == "0 live" and results[1][3] is None
     assert isinstance(results[2][3], KeyError)
+
+
+def test_the_census_walks_the_engine_at_its_idle_point(monkeypatch):
+    monkeypatch.setattr(census, "CENSUS_QUIET_S", 0.0)
+    monkeypatch.setattr(census, "CENSUS_INTERVAL_S", 0.0)
+    transport = ListTransport([("add", (1, [_req("a")]))], [], [], [])
+    loop = EngineLoop(FakeEngine(length=1), transport)
+    loop.run()
+    assert ("census",) in transport.events()
+    doc = loop.census_document()
+    assert doc["taken_at"] is not None and not doc["pending"]
+    # the one holder of the ended id is this test's transport, which keeps every event it was sent
+    assert doc["held"] and all(h["path"].startswith("async_engine.transport.sent") for h in doc["held"])

@@ -252,19 +252,18 @@ class EngineView:
     def coverage(self) -> Coverage:
         """The coverage counters since the engine started (counts; see ``Coverage``)."""
         e = self._engine
-        bm, sched = e.scheduler.kv_cache_manager, e.scheduler
-        return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(sched.finish_counts)),
-                        MappingProxyType(dict(sched.abort_states)), sched.num_preemptions_total,
-                        sched.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
-                        sched.num_beam_prunes, MappingProxyType(dict(sched.feature_counts)),
-                        MappingProxyType(dict(sched.aborts_by_family)), sched.num_preemptions_in_prefill,
-                        MappingProxyType(self._rejections()))
+        bm, st = e.scheduler.kv_cache_manager, e.scheduler.make_stats()
+        return Coverage(MappingProxyType(dict(bm.allocations_by_site)), MappingProxyType(dict(st.finish_counts)),
+                        MappingProxyType(dict(st.abort_states)), st.num_preemptions_total,
+                        st.num_resumptions_total, bm.prefix_cache_hits, bm.num_forks, bm.num_copy_on_write,
+                        st.num_beam_prunes, MappingProxyType(dict(st.feature_counts)),
+                        MappingProxyType(dict(st.aborts_by_family)), st.num_preemptions_in_prefill,
+                        MappingProxyType(self._rejections(st.num_rejected_after_scheduling)))
 
-    def _rejections(self) -> dict[str, int]:
-        e = self._engine
-        out = dict(getattr(e, "rejection_counts", None) or {})
-        if e.scheduler.num_rejected_after_scheduling:
-            out["after scheduling"] = e.scheduler.num_rejected_after_scheduling
+    def _rejections(self, after_scheduling: int) -> dict[str, int]:
+        out = dict(getattr(self._engine, "rejection_counts", None) or {})
+        if after_scheduling:
+            out["after scheduling"] = after_scheduling
         return out
 
     def snapshot(self) -> EngineSnapshot:
@@ -387,10 +386,11 @@ class EngineView:
         """Counters and gauges for ``/metrics`` and the logs (see ``EngineStats``)."""
         e = self._engine
         sched = e.scheduler
+        st = sched.stats
         return EngineStats(step=sched.step_counter, num_running=sched.num_running, num_waiting=sched.num_waiting,
-                           num_preemptions_total=sched.num_preemptions_total,
-                           prompt_tokens_total=sched.prompt_tokens_total,
-                           generation_tokens_total=sched.generation_tokens_total,
+                           num_preemptions_total=st.num_preemptions_total,
+                           prompt_tokens_total=st.prompt_tokens_total,
+                           generation_tokens_total=st.generation_tokens_total,
                            num_live_requests=len(sched.requests), blocks=e.scheduler.kv_cache_manager.stats(),
                            coverage=self.coverage())
 

@@ -184,11 +184,16 @@ class LLMEngine:
         # Structured output: grammar compiler cache (thread-safe) and per-sequence matchers.
         self.structured_output = StructuredOutputManager(self.tokenizer, self.hf_config.vocab_size,
                                                          self.eos_token_ids)
-        self.scheduler = Scheduler(config.scheduler, cache, num_blocks, self.faults, enable_ledger=config.enable_ledger,
-                                   max_model_len=self.max_model_len,
-                                   detokenize=self.output_processor.detokenize,
-                                   finished_history=config.finished_history,
-                                   structured_output=self.structured_output)
+        make_scheduler = Scheduler
+        if config.inject_faults:  # a planted fault attaches through a subclass, only when asked for
+            from vlite.engine.core.fault_seams import scheduler_factory
+
+            make_scheduler = scheduler_factory(self.faults)
+        self.scheduler = make_scheduler(config.scheduler, cache, num_blocks, enable_ledger=config.enable_ledger,
+                                        max_model_len=self.max_model_len,
+                                        detokenize=self.output_processor.detokenize,
+                                        finished_history=config.finished_history,
+                                        structured_output=self.structured_output)
         # requests refused, by stage (``Coverage.rejections``): "at admission" (add_request
         # raised RequestRejectedError) and "sibling rejected" (admitted by add_requests, then
         # aborted because another request of the same group was refused)
@@ -422,12 +427,12 @@ class LLMEngine:
     @property
     def prompt_tokens_total(self) -> int:
         """Prefill tokens computed since start (tokens)."""
-        return self.scheduler.prompt_tokens_total
+        return self.scheduler.stats.prompt_tokens_total
 
     @property
     def generation_tokens_total(self) -> int:
         """Output tokens generated since start (tokens)."""
-        return self.scheduler.generation_tokens_total
+        return self.scheduler.stats.generation_tokens_total
 
     def stats(self) -> EngineStats:
         return EngineView(self).stats()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,37 @@ class BlockStats:
     num_ledger_entries: int
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0     # of which found cached
+
+
+@dataclass
+class SchedulerStats:
+    """The counters the scheduler fills as it runs (counts since engine start), read through
+    ``Scheduler.make_stats()`` by ``EngineStats`` and the diagnostics' coverage.
+
+    ``finish_counts``: sequences finished by kind ("stop:eos", "stop:stop_token",
+    "stop:stop_string", "stop:beam_pruned", "stop:grammar", "length", "abort", "error");
+    ``abort_states``: aborted sequences by the state they were in; ``feature_counts``: requests
+    by feature of the request API; ``aborts_by_family``: aborted sequences by "family: state";
+    ``num_rejected_after_scheduling``: sequences ended for the request's own parameters after
+    they were scheduled (HTTP 400).
+    """
+
+    num_preemptions_total: int = 0
+    num_preemptions_in_prefill: int = 0  # of those, sequences with no output token yet
+    num_resumptions_total: int = 0  # preempted sequences scheduled again (recompute)
+    prompt_tokens_total: int = 0  # prefill tokens computed (tokens)
+    generation_tokens_total: int = 0  # output tokens appended (tokens)
+    num_beam_prunes: int = 0
+    num_rejected_after_scheduling: int = 0
+    finish_counts: Counter[str] = field(default_factory=Counter)
+    abort_states: Counter[str] = field(default_factory=Counter)
+    feature_counts: Counter[str] = field(default_factory=Counter)
+    aborts_by_family: Counter[str] = field(default_factory=Counter)
+
+    def copy(self) -> SchedulerStats:
+        """A snapshot: later counts do not change it."""
+        return dataclasses.replace(self, **{f.name: Counter(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), Counter)})
 
 
 @dataclass(frozen=True)

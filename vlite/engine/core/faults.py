@@ -1,8 +1,9 @@
 """Planted faults: known defects the leak checker must find. Never on by default.
 
-Each fault lives inside the engine's real code path (block manager free, scheduler abort and
-preemption), guarded by ``FaultSet.active(name)``, so the leak checker is tested against the
-same code that serves requests.
+Each fault attaches to the engine's real code path (block manager free, abort, preemption,
+admission) through a subclass that ``LLMEngine`` builds only when the fault is asked for
+(``fault_seams``; ``raise-in-step`` in the model runner), so the leak checker is tested against
+the same code that serves requests, and the engine's own classes carry no fault.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import time
 from collections import Counter
 
 from vlite.engine.core.block_pool import BlockPool, FreeBlockQueue
-from vlite.engine.core.faults import FaultSet
 from vlite.engine.core.ledger import (
     DOUBLE_FREE,
     AllocationSite,
@@ -43,7 +42,6 @@ class KVCacheManager:
         num_blocks: physical blocks in the cache.
         block_size: tokens per block.
         enable_ledger: record every allocation (on by default; off only to measure its cost).
-        faults: planted faults for the leak checker's self-test.
         enable_prefix_caching: keep freed full blocks as evictable cache entries and reuse them.
 
     Block tables map ``seq_id`` to the list of physical block ids for logical blocks 0, 1, ...
@@ -52,7 +50,7 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_ledger: bool = True,
-                 faults: FaultSet | None = None, enable_prefix_caching: bool = False) -> None:
+                 enable_prefix_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_total_blocks = num_blocks
@@ -61,7 +59,6 @@ class KVCacheManager:
         self.blocks = self.block_pool.blocks  # read by the copy-on-write test and EngineView
         self.block_tables: dict[int, list[int]] = {}
         self.ledger = BlockLedger(enable_ledger)
-        self.faults = faults or FaultSet()
         self.current_step = 0
         self.enable_prefix_caching = enable_prefix_caching
         self._num_hashed: dict[int, int] = {}  # seq_id -> leading full blocks already registered
@@ -286,22 +283,11 @@ class KVCacheManager:
                                                 code_path(2), seq.status.value,
                                                 seq.finish_reason.value if seq.finish_reason else None,
                                                 self.current_step))
-        if self.faults.active("orphan-block-table"):
-            table = self.block_tables.get(seq.seq_id, [])
-            if not table:
-                return 0
-            table = list(table)  # blocks released, the table entry left behind
-        else:
-            table = self.block_tables.pop(seq.seq_id, None)
-            if not table:
-                return 0
-        skip_forked = self.faults.active("refcount-not-decremented-on-fork") and seq.parent_seq_id is not None
+        table = self.block_tables.pop(seq.seq_id, None)
+        if not table:
+            return 0
         for block_id in reversed(table):
-            if skip_forked and self.ledger.site_of(seq.seq_id, block_id) is AllocationSite.FORK:
-                continue  # planted: the reference taken at fork is never dropped
             self._release(block_id, seq)
-        if self.faults.active("double-free"):
-            self._release(table[-1], seq)
         return len(table)
 
     def _release(self, block_id: int, seq: Sequence, path: str = "free") -> None:

@@ -113,13 +113,25 @@ class FreeRecord:
     step: int
 
 
+# A planted fault's subclass (``FaultyScheduler``, ``vlite.engine.core.fault_seams``) stands in
+# for the engine class it extends: the path names the engine's method, as without the fault.
+_STAND_IN_PREFIX = "Faulty"
+
+
 def code_path(depth: int) -> str:
     """``"Caller.method -> Callee.method"`` for the two frames ``depth`` levels up (cheap: no
-    traceback objects; only taken while the ledger is on)."""
-    frame = sys._getframe(depth)
-    outer = frame.f_back
-    inner = frame.f_code.co_qualname
-    return f"{outer.f_code.co_qualname} -> {inner}" if outer is not None else inner
+    traceback objects; only taken while the ledger is on). A method that extends the one it
+    overrides (``super()``) counts as one frame with it."""
+    names: list[str] = []
+    frame = sys._getframe(1)
+    while frame is not None and len(names) <= depth:
+        name = frame.f_code.co_qualname.removeprefix(_STAND_IN_PREFIX)
+        if not names or names[-1] != name:
+            names.append(name)
+        frame = frame.f_back
+    if len(names) <= depth:
+        return names[-1]
+    return f"{names[depth]} -> {names[depth - 1]}"
 
 
 # Released ledger entries kept for attribution of blocks the ledger no longer names (a bounded,

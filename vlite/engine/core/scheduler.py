@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from vlite.engine.config import CacheConfig, SchedulerConfig
 from vlite.engine.core.detokenizer import find_stop_string
-from vlite.engine.core.faults import FaultSet, PlantedFault
 from vlite.engine.core.kv_cache_manager import KVCacheManager
 from vlite.engine.core.ledger import AllocationSite
 from vlite.engine.core.prompt_logprobs import needs_prompt_logprobs, record_prompt_logprobs
@@ -32,6 +31,7 @@ from vlite.engine.core.request_features import request_family, request_features
 from vlite.engine.core.sched_output import ForkSamples, ScheduledSequence, SchedulerOutput, StepResult
 from vlite.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from vlite.engine.core.structured_output import StructuredOutputManager
+from vlite.engine.metrics import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ class Scheduler:
             with finish reason "length" (``max_model_len`` argument overrides the config's).
         cache_config: the KV cache's ``block_size`` (tokens) and ``enable_prefix_caching``.
         num_blocks: physical KV blocks (the model runner sized the cache).
-        faults: planted faults for the leak checker's self-test.
         enable_ledger: record every block allocation (off only to measure its cost).
         detokenize: appends the text of a sequence's newest tokens to ``seq.output_text`` and
             returns the new text (the output processor's), called after each token of a
@@ -56,16 +55,14 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
-                 faults: FaultSet | None = None, *, enable_ledger: bool = True, max_model_len: int | None = None,
+                 *, enable_ledger: bool = True, max_model_len: int | None = None,
                  detokenize: Callable[[Sequence], str] | None = None,
                  finished_history: int = 10_000, structured_output: StructuredOutputManager | None = None):
         self.config = config
-        self.faults = faults or FaultSet()
         # The scheduler builds and alone talks to the block manager (as vLLM v1's scheduler
         # builds its KV cache manager); ``EngineView`` only reads it.
         self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size, enable_ledger=enable_ledger,
-                                          faults=self.faults,
-                                          enable_prefix_caching=cache_config.enable_prefix_caching)
+                                               enable_prefix_caching=cache_config.enable_prefix_caching)
         self.max_model_len = max_model_len or config.max_model_len or 1 << 62
         self.detokenize = detokenize
         self.finished_history = finished_history
@@ -75,29 +72,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # live requests by request id
         self.finished_records: OrderedDict[int, RequestRecord] = OrderedDict()  # by seq id, oldest first
         self.step_counter = 0
-        self.num_preemptions_total = 0
-        self.num_preemptions_in_prefill = 0  # of those, sequences with no output token yet
-        self.num_resumptions_total = 0  # preempted sequences scheduled again (recompute)
-        self.prompt_tokens_total = 0  # prefill tokens computed (tokens)
-        self.generation_tokens_total = 0  # output tokens appended (tokens)
-        # Coverage counters: sequences finished by kind ("stop:eos", "stop:stop_token",
-        # "stop:stop_string", "stop:beam_pruned", "length", "abort", "error"), aborted
-        # sequences by the state they were in, beams pruned.
-        self.finish_counts: Counter[str] = Counter()
-        self.abort_states: Counter[str] = Counter()
-        # coverage of the request API: requests by feature, aborted sequences by "family: state"
-        self.feature_counts: Counter[str] = Counter()
-        self.aborts_by_family: Counter[str] = Counter()
-        self.num_beam_prunes = 0
-        # planted faults reclaim-on-admission / empty-output-after-abort (faults.py): aborted
-        # sequences whose blocks are parked, blocks released by aborts and not yet reused, and
-        # the sequences that reused them (they end at their first step with no token)
-        self._parked: list[tuple[Sequence, list[int]]] = []
-        self._orphaned_blocks = 0
-        self._reused_orphans: set[int] = set()
-        # sequences the engine ended for the request's own parameters after scheduling them
-        # (structured output whose token filters leave no token: HTTP 400, error_kind "request")
-        self.num_rejected_after_scheduling = 0
+        self.stats = SchedulerStats()  # the coverage and token counters (make_stats)
 
     # ---- queue management ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -118,7 +93,7 @@ class Scheduler:
             raise
         self.requests[request.request_id] = request
         self.waiting.extend(request.live)
-        self.feature_counts.update(request_features(request.params))
+        self.stats.feature_counts.update(request_features(request.params))
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a new request made of one sequence (no beam search)."""
@@ -149,6 +124,10 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of the counters (``SchedulerStats``) for metrics and the diagnostics."""
+        return self.stats.copy()
 
     # ---- scheduling ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -205,23 +184,15 @@ class Scheduler:
             hits = [] if skip_cache else self.kv_cache_manager.find_prefix_hits(seq)
             num_cached = len(hits) * self.kv_cache_manager.block_size
             num_new = min(seq.num_tokens - num_cached - seq.num_computed_tokens, budget)
-            if self._parked and not self._parked_leave_room(seq, num_new, hits):
-                break  # planted reclaim-on-admission: the parked blocks are reserved a second time
             if not self.kv_cache_manager.allocate_slots(seq, num_new, AllocationSite.PREFILL, hits):
                 break
-            if self._parked:
-                self._reclaim_parked()
-            if self._orphaned_blocks > 0 and seq.status is SequenceStatus.WAITING:
-                # planted empty-output-after-abort: a new request reuses blocks an abort released
-                self._orphaned_blocks -= len(self.kv_cache_manager.block_tables.get(seq.seq_id, ()))
-                self._reused_orphans.add(seq.seq_id)
             if seq.num_computed_tokens == 0 and not skip_cache:
                 self.kv_cache_manager.prefix_cache_queries += seq.num_tokens
                 self.kv_cache_manager.prefix_cache_hits += num_cached
             seq.num_computed_tokens += num_cached
             self.waiting.popleft()
             if seq.status is SequenceStatus.PREEMPTED:
-                self.num_resumptions_total += 1
+                self.stats.num_resumptions_total += 1
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.time()
@@ -254,31 +225,14 @@ class Scheduler:
         out.blocks_to_copy = self.kv_cache_manager.take_pending_copies()
         return out
 
-    def _parked_leave_room(self, seq: Sequence, num_new: int, hits: list[int]) -> bool:
-        """Planted reclaim-on-admission: admission counts the parked blocks as needed once more
-        (reserved for their reclaim), on top of their being held."""
-        kv = self.kv_cache_manager
-        parked = sum(len(table) for _, table in self._parked)
-        return kv.num_allocatable_blocks - parked >= kv.num_blocks_to_grow(seq, num_new, len(hits))
-
-    def _reclaim_parked(self) -> None:
-        """Planted reclaim-on-admission: free the parked blocks (runs only on an admission)."""
-        for seq, table in self._parked:
-            self.kv_cache_manager.block_tables[seq.seq_id] = table
-            self.kv_cache_manager.free(seq)
-        self._parked.clear()
-
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, requeue at the front of the waiting queue."""
-        if self.faults.active("leak-on-preempt"):
-            self.kv_cache_manager.block_tables.pop(seq.seq_id, None)  # planted: blocks forgotten, not freed
-        else:
-            self.kv_cache_manager.free(seq)
+        self.kv_cache_manager.free(seq)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
-        self.num_preemptions_total += 1
-        self.num_preemptions_in_prefill += seq.num_output_tokens == 0
+        self.stats.num_preemptions_total += 1
+        self.stats.num_preemptions_in_prefill += seq.num_output_tokens == 0
         rec = self._record_of(seq)
         if rec is not None:
             rec.status, rec.num_preemptions = seq.status.value, seq.num_preemptions
@@ -297,7 +251,7 @@ class Scheduler:
                                        seq.num_computed_tokens + item.num_new_tokens)
             seq.num_computed_tokens += item.num_new_tokens
             if seq.num_output_tokens == 0:
-                self.prompt_tokens_total += item.num_new_tokens
+                self.stats.prompt_tokens_total += item.num_new_tokens
             self.kv_cache_manager.cache_full_blocks(seq)
         touched: dict[str, Request] = {}
         sampled = result.sampler_output
@@ -306,10 +260,6 @@ class Scheduler:
             touched[req.request_id] = req
             if req.beam is not None:
                 req.beam.pending[seq.seq_id] = result.logits[row]
-                continue
-            if self._reused_orphans and seq.seq_id in self._reused_orphans:  # planted empty-output-after-abort
-                self._reused_orphans.discard(seq.seq_id)
-                self.finish_sequence(seq, FinishReason.STOP)
                 continue
             forks = result.forks.get(seq.seq_id)
             if forks is not None:
@@ -370,10 +320,10 @@ class Scheduler:
                 seq.last_token_time = now
                 seq.first_token_time = seq.first_token_time or now
                 next_running.append(seq)
-                self.generation_tokens_total += 1
+                self.stats.generation_tokens_total += 1
         for parent in beam.running:
             if parent.seq_id not in by_parent:
-                self.num_beam_prunes += 1
+                self.stats.num_beam_prunes += 1
                 self.finish_sequence(parent, FinishReason.STOP, kind="stop:beam_pruned")  # pruned
         beam.running = next_running
         if beam.done:
@@ -390,7 +340,7 @@ class Scheduler:
             self.structured_output.accept(seq, token)
         if logprobs is not None:
             seq.output_logprobs.append(logprobs)
-        self.generation_tokens_total += 1
+        self.stats.generation_tokens_total += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
@@ -403,7 +353,7 @@ class Scheduler:
             # request's token filters (allowed_token_ids, bad_words) left none of them; the
             # matcher's own dump (grammar_error) is internal, so it goes to the debug log only.
             logger.debug("request %r: %s", seq.request_id, grammar_error)
-            self.num_rejected_after_scheduling += 1  # Coverage.rejections["after scheduling"]
+            self.stats.num_rejected_after_scheduling += 1  # Coverage.rejections["after scheduling"]
             self.finish_sequence(seq, FinishReason.ERROR, error_kind="request", error=(
                 f"the request's constraints leave no token to generate at output token {seq.num_output_tokens}: "
                 "allowed_token_ids or bad_words exclude every token that its structured output allows next"))
@@ -427,7 +377,7 @@ class Scheduler:
         the coverage name of the finish (e.g. "stop:beam_pruned").
 
         Raises:
-            PlantedFault: only with the planted ``skip-free-on-abort`` fault.
+            whatever the block release raised (the record keeps it as ``release_error``).
         """
         if seq.status is SequenceStatus.FINISHED:
             return
@@ -445,15 +395,6 @@ class Scheduler:
         self.structured_output.free(seq)
         rec = self._record_of(seq)  # before the request may leave ``requests``
         try:
-            if reason is FinishReason.ABORT and self.faults.active("skip-free-on-abort"):
-                raise PlantedFault(f"planted fault skip-free-on-abort: abort of {seq.request_id!r} "
-                                   "raised before its blocks were released")
-            if reason is FinishReason.ABORT and self.faults.active("empty-output-after-abort"):
-                # planted: the blocks this abort releases are reused later without a reset
-                self._orphaned_blocks += len(self.kv_cache_manager.block_tables.get(seq.seq_id, ()))
-            if reason is FinishReason.ABORT and self.faults.active("reclaim-on-admission"):
-                # planted: the table is set aside (the free below finds none), freed at the next admission
-                self._parked.append((seq, self.kv_cache_manager.block_tables.pop(seq.seq_id, [])))
             self.kv_cache_manager.free(seq)
             req = self.requests[seq.request_id]
             req.live.remove(seq)
@@ -480,7 +421,7 @@ class Scheduler:
         if rec is None:
             return
         if rec.finish_reason is None and seq.finish_reason is not None:
-            self.finish_counts[kind or _finish_kind(seq)] += 1
+            self.stats.finish_counts[kind or _finish_kind(seq)] += 1
         if seq.finish_reason is not None and rec.finish_path is None:
             rec.finish_path = path or kind or _finish_kind(seq)
         rec.status = seq.status.value
@@ -507,14 +448,14 @@ class Scheduler:
         running, preempted). Returns the aborted sequences (empty if none was live).
 
         Raises:
-            the first exception a sequence's finish raised (e.g. a planted fault), after every
+            the first exception a sequence's finish raised, after every
             sequence of the request has been taken out of the queues.
         """
         seqs = list(self.requests.get(request_id, ()))
         family = request_family(self.requests[request_id].params) if seqs else None
         for seq in seqs:
-            self.abort_states[_abort_state(seq)] += 1
-            self.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
+            self.stats.abort_states[_abort_state(seq)] += 1
+            self.stats.aborts_by_family[f"{family}: {_abort_state(seq)}"] += 1
         errors = []
         for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)
             try:
