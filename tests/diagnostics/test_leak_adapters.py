@@ -21,7 +21,7 @@ from vlite.diagnostics.targets.adapters import (
     slots_occupancy,
 )
 from vlite.diagnostics.targets.connection import connect
-from vlite.diagnostics.targets.prom import parse_page
+from vlite.diagnostics.readers.metrics_text import parse_page
 
 FIX = Path(__file__).parent / "fixtures"
 DOCS = Path(__file__).parents[2] / "docs" / "leak-check.md"

@@ -35,7 +35,7 @@ from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_S, DEFAULT_THRESHO
 from vlite.diagnostics.targets.base import TargetError
 from vlite.diagnostics.targets.connection import BlackboxDriver, Connection, NullProbe, connect
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
-from vlite.diagnostics.targets.prom import MetricsFormatError, MetricsPage, parse_page
+from vlite.diagnostics.readers.metrics_text import MetricsFormatError, MetricsPage, parse_page
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
 

@@ -18,6 +18,7 @@ from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
@@ -29,23 +30,12 @@ from vlite.diagnostics.workload.sources import RequestSpec
 IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving up
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Gauge values of a Prometheus text page (first sample of each family), by metric name."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, s.value)
-    return out
-
-
 def metrics_block_stats(base: str, client: httpx.Client):
     """A sampler source scraping ``{base}/metrics`` (blocks, requests and, where the server
     exports ``vlite:engine_steps_total``, the engine step counter ``num_steps``: None elsewhere)."""
 
     def read() -> dict:
-        m = parse_metrics(client.get(f"{base}/metrics", timeout=5).text)
+        m = parse_page(client.get(f"{base}/metrics", timeout=5).text, allow_empty=True).first_values()
         total, free = int(m["vlite:num_total_blocks"]), int(m["vlite:num_free_blocks"])
         cached = int(m.get("vlite:num_cached_blocks", 0))
         return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
@@ -70,8 +60,6 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
     """The /metrics page once the server's request-id census covers every ended request
     (``vlite:census_pending_requests`` 0; the serving loop runs it at idle points, at most once a
     second), or the last page read after ``timeout_s`` (a server without the census at once)."""
-    from vlite.diagnostics.targets.prom import labelled_values
-
     deadline = time.time() + timeout_s
     while True:
         text = client.get(f"{base}/metrics").text
@@ -87,8 +75,6 @@ def census_from_metrics(text: str) -> dict | None:
     ids stay in the server: ``/debug`` has them), and ``overdue``: each process whose census was
     kept from its idle points, with what blocks it (``vlite:census_overdue_seconds{process,
     blocked_by}``); None when the server exports no census."""
-    from vlite.diagnostics.targets.prom import parse_page
-
     samples = parse_page(text).samples
     if not any(s.name == "vlite:census_pending_requests" for s in samples):
         return None
@@ -154,7 +140,7 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
     deadline, quiet = time.time() + timeout_s, 0
     while time.time() < deadline:
         t = time.time()
-        m = parse_metrics((await client.get(f"{base}/metrics")).text)
+        m = parse_page((await client.get(f"{base}/metrics")).text, allow_empty=True).first_values()
         if marks is not None and "first_steps" not in marks:
             marks["first_steps"] = _steps(m)
         quiet = quiet + 1 if m.get("vlite:num_requests_running", 0) + m.get("vlite:num_requests_waiting", 0) == 0 \
@@ -317,7 +303,7 @@ def run_http(url: str, specs: list[RequestSpec], *, max_concurrency: int = 32, i
     debug = sync.get(f"{base}/debug/blocks")
     final_metrics = census_current_metrics(sync, base)
     snap = snapshot.from_debug_blocks(debug.json()) if debug.status_code == 200 else \
-        snapshot.from_metrics(parse_metrics(final_metrics))
+        snapshot.from_metrics(parse_page(final_metrics, allow_empty=True).first_values())
     sync.close()
     snap.coverage = coverage.from_metrics_text(final_metrics) or snap.coverage
     from vlite.diagnostics.checks.pace import itl_p99

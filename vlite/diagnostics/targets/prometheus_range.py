@@ -30,7 +30,7 @@ import httpx
 from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES
-from vlite.diagnostics.targets.prom import MetricsPage, Sample
+from vlite.diagnostics.readers.metrics_text import MetricsPage, Sample
 from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Alert, Watcher, WatchResult
 
 MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
