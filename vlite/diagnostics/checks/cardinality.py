@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.readers.metrics_text import FamilyCounts, MetricsFormatError, parse_page
 
 # New series after the first wave below which growth is not called a leak: a label over a fixed
@@ -75,7 +76,7 @@ def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
                         "new_series": n_last - n_warm, "series_per_request": round((n_last - n_warm) / served, 3),
                         "label_values_first": labels_warm.get(label, 0),
                         "label_values_last": labels_last.get(label, 0)})
-    return {"verdict": "LEAK" if growing else "CLEAN", "growing": growing, "families": len(last[1])}
+    return {"verdict": Verdict.LEAK if growing else Verdict.CLEAN, "growing": growing, "families": len(last[1])}
 
 
 def describe(check: dict) -> str:

@@ -177,7 +177,7 @@ def lines(cov: dict | None) -> list[str]:
 # The paths leak-check exists for: a client that leaves while its request waits, prefills or
 # decodes. The verdict line names each of them a run did not walk; a CLEAN run that walked none
 # of them has not tested the thing a user runs it for, and the command exits 4, not 0
-# (targets/base.py EXIT_HEADLINE_NOT_EXERCISED).
+# (checks/verdict.py EXIT_HEADLINE_NOT_EXERCISED).
 HEADLINE = ("abort while waiting", "abort during prefill", "abort during decode")
 
 

@@ -18,6 +18,7 @@ from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
@@ -388,6 +389,6 @@ class HttpTarget:
             max_tokens = storm.fit_max_tokens(client, base)
             sent = asyncio.run(storm.abort_storm(base, self.storm_requests, max_tokens=max_tokens))
             s = storm.judge_after(client, base, before, bound, sent)
-        if s["verdict"] and run.findings.verdict not in ("CLEAN", "LEAK"):
+        if s["verdict"] and run.findings.verdict not in (Verdict.CLEAN, Verdict.LEAK):
             run.findings.notes.append(f"before the storm checks: {run.findings.summary(caveat=False)}")
         run.findings.storm = s
