@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from vlite.diagnostics.targets.prom import labelled_values
+from vlite.diagnostics.readers.metrics_text import labelled_values
 
 VLITE = [str(Path(sys.executable).parent / "vlite")]
 STARTUP_TIMEOUT_S = 300.0  # imports + model load (+ the first C++ kernel build) on a busy 2-core machine

@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 import psutil
 
-from vlite.diagnostics.targets.prom import labelled_values
+from vlite.diagnostics.readers.metrics_text import labelled_values
 
 VLITE = str(Path(sys.executable).parent / "vlite")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

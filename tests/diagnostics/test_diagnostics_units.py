@@ -130,7 +130,7 @@ def test_debug_blocks_snapshot():
 
 
 def test_labelled_values_keys_vlite_series_by_name_and_finish_reason():
-    from vlite.diagnostics.targets.prom import labelled_values
+    from vlite.diagnostics.readers.metrics_text import labelled_values
 
     text = ('vlite:num_free_blocks{model_name="m"} 12.0\n'
             'vlite:request_success_total{finished_reason="stop",model_name="m"} 3.0\n'

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fake_http import QuietHandler, ServerPool
 
+from vlite.diagnostics.readers.metrics_text import parse_page
 from vlite.diagnostics.targets.adapters import (
     ADAPTERS,
     METRIC_NAMES,
@@ -21,7 +22,6 @@ from vlite.diagnostics.targets.adapters import (
     slots_occupancy,
 )
 from vlite.diagnostics.targets.connection import connect
-from vlite.diagnostics.targets.prom import parse_page
 
 FIX = Path(__file__).parent / "fixtures"
 DOCS = Path(__file__).parents[2] / "docs" / "reference.md"

@@ -292,7 +292,7 @@ R1, R2 = "http://127.0.0.1:8101", "http://127.0.0.1:8102"
 def test_recorded_vllm_router_page_gives_routed_and_in_flightper_worker():
     # vllm-router 0.1.17 --policy power_of_two, recorded at idle after 4 requests (tests/interop/fleet.sh's router)
     from vlite.diagnostics.checks.fleet import ROUTER_IN_FLIGHT, ROUTER_ROUTED
-    from vlite.diagnostics.targets.prom import parse_page
+    from vlite.diagnostics.readers.metrics_text import parse_page
 
     text = (FIX / "vllm-router-0.1.17-power_of_two-idle.prom").read_text()
     page = parse_page(text)
@@ -311,7 +311,7 @@ def test_recorded_vllm_router_page_gives_routed_and_in_flightper_worker():
 def test_recorded_sglang_router_page_has_no_per_worker_counts():
     # sglang-router 0.3.2 (smg) --policy round_robin: neither a routed counter nor an in-flight gauge per worker
     from vlite.diagnostics.checks.fleet import ROUTER_IN_FLIGHT, ROUTER_ROUTED
-    from vlite.diagnostics.targets.prom import parse_page
+    from vlite.diagnostics.readers.metrics_text import parse_page
 
     page = parse_page((FIX / "sglang-router-0.3.2-round_robin-idle.prom").read_text())
     assert FleetRun.per_worker(page, (ROUTER_ROUTED,)) is None

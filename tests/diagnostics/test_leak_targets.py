@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vlite.diagnostics.readers.metrics_text import MetricsFormatError, parse_page
 from vlite.diagnostics.targets.adapters import UnknownServerError, detect_kind
 from vlite.diagnostics.targets.blackbox import design_waves, fit_leak_per_action
 from vlite.diagnostics.targets.process import GpuProcessMemory, ProcessTreeProbe
-from vlite.diagnostics.targets.prom import MetricsFormatError, parse_page
 from vlite.diagnostics.workload.sources import synthetic_workload
 
 FIX = Path(__file__).parent / "fixtures"

@@ -13,7 +13,7 @@ from conftest import make_engine
 
 import vlite.entrypoints.serving as serving
 import vlite.entrypoints.serving_completion as serving_completion
-from vlite.diagnostics.targets.prom import labelled_values, parse_page
+from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
 from vlite.entrypoints.api_server import create_app
 from vlite.entrypoints.state import ServerSettings
 

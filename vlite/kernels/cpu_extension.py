@@ -67,10 +67,11 @@ def loaded():
 
 
 def _build():
-    # the sources' and the Python environment's hash in the name: the build command holds the
-    # venv's torch paths, so two checkouts (or venvs) sharing one cache each keep their own build
-    # instead of rebuilding over each other at every start
+    # the sources', their folder's and the Python environment's hash in the name: the build
+    # command holds the venv's torch paths and the sources' include path, so two checkouts (or
+    # venvs) sharing one cache each keep their own build instead of rebuilding over each other
     digest = hashlib.sha256(sys.prefix.encode())
+    digest.update(str(SOURCES[0].parent.resolve()).encode())
     for path in SOURCES + HEADERS:
         digest.update(path.read_bytes())
     name = f"vlite_cpu_ops_{_cpu_tag()}_{digest.hexdigest()[:8]}"

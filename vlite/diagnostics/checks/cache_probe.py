@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, CONTAINER_SLOPE
+from vlite.diagnostics.checks.verdict import Verdict
 
 LEVEL_ROUNDS = 3  # idle points at the end of the distinct rounds that must agree for a level (2 rounds)
 LEVEL_TOLERANCE = 0.05  # ... to within this fraction of the level, or LEVEL_MIN_TOLERANCE entries
@@ -125,7 +126,7 @@ def apply_probe(host: dict, series: dict[str, tuple[list, list]], *, rounds: int
     anon = host.get("anon_swap") or {}
     others = (host.get("kind_growth") or {}).get("growing") or any(
         t.get("keeps_growing") for t in (host.get("processes") or {}).values())
-    if host.get("verdict") != "HOST-LEAK" or still or others:
+    if host.get("verdict") != Verdict.HOST_LEAK or still or others:
         return host
     if not anon.get("keeps_growing"):
         host["verdict"] = ("inconclusive" if anon.get("inconclusive") else "warm-up" if anon.get("warm_up")

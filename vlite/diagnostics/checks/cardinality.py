@@ -11,15 +11,16 @@ least ``MIN_NEW_SERIES`` and ``MIN_SERIES_PER_REQUEST``, and names the label who
 fixed set (finish reasons, allocation sites, client actions) fills within a few waves and then
 stays put; a label over client values grows with every wave that brings new ones.
 
-Input: Prometheus text exposition format 0.0.4, parsed by ``prometheus_client.parser``.
+Input: Prometheus text exposition format 0.0.4, read by ``readers/metrics_text.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Labels that split one series into its buckets or quantiles, not into series of their own.
-_PART_LABELS = frozenset({"le", "quantile"})
+from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.metrics_text import FamilyCounts, MetricsFormatError, parse_page
+
 # New series after the first wave below which growth is not called a leak: a label over a fixed
 # set of up to this many values (vlite's request features, vLLM's finish reasons) may fill late in
 # a short run whose waves each bring new kinds of request (a clean 12-request black-box run of
@@ -33,30 +34,16 @@ MIN_SERIES_PER_REQUEST = 0.1
 # filling up slows down; values per request do not).
 MIN_LATE_SHARE = 0.5
 
-FamilyCounts = dict[str, tuple[int, dict[str, int]]]  # family -> (series, label -> distinct values)
-
 
 def series_counts(text: str) -> FamilyCounts:
     """Per metric family of a ``/metrics`` page: its number of series and each label's number of
     distinct values. Families are as the page declares them (``# TYPE``); a page that does not
     parse gives {} (the targets that read the page report that themselves).
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError, IndexError):
+        return parse_page(text, allow_empty=True).series_counts()
+    except MetricsFormatError:
         return {}
-    series: dict[str, set[tuple]] = {}
-    values: dict[str, dict[str, set[str]]] = {}
-    for fam in families:  # the parser may split one family in several (samples out of order): merged by name
-        fam_series, fam_values = series.setdefault(fam.name, set()), values.setdefault(fam.name, {})
-        for s in fam.samples:
-            labels = {k: v for k, v in s.labels.items() if k not in _PART_LABELS}
-            fam_series.add(tuple(sorted(labels.items())))
-            for k, v in labels.items():
-                fam_values.setdefault(k, set()).add(v)
-    return {name: (len(series[name]), {k: len(v) for k, v in values[name].items()}) for name in series}
 
 
 def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
@@ -89,7 +76,7 @@ def cardinality_check(points: Sequence[tuple[int, FamilyCounts]]) -> dict:
                         "new_series": n_last - n_warm, "series_per_request": round((n_last - n_warm) / served, 3),
                         "label_values_first": labels_warm.get(label, 0),
                         "label_values_last": labels_last.get(label, 0)})
-    return {"verdict": "LEAK" if growing else "CLEAN", "growing": growing, "families": len(last[1])}
+    return {"verdict": Verdict.LEAK if growing else Verdict.CLEAN, "growing": growing, "families": len(last[1])}
 
 
 def describe(check: dict) -> str:

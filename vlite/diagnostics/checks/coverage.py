@@ -106,8 +106,12 @@ def section(after: dict | None, before: dict | None = None) -> dict | None:
 
 
 def from_metrics_text(text: str) -> dict | None:
-    """Coverage counts from a vlite ``/metrics`` page, or None when the server exposes none."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """Coverage counts from a vlite ``/metrics`` page, or None when the server exposes none.
+
+    Raises:
+        MetricsFormatError: the page is not Prometheus text.
+    """
+    from vlite.diagnostics.readers.metrics_text import parse_page
 
     labelled = {"vlite:kv_block_allocations_total": ("allocation_sites", "site"),
                 "vlite:sequence_finished_total": ("finish_reasons", "kind"),
@@ -121,17 +125,16 @@ def from_metrics_text(text: str) -> dict | None:
                "vlite:copy_on_write_total": "copy_on_write", "vlite:beam_prunes_total": "beam_prunes"}
     out: dict = {k: {} for k, _ in labelled.values()} | {k: 0 for k in scalars.values()}
     seen = False
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "vlite:client_disconnects_total":  # "<route> <when>"
-                out.setdefault("disconnects", {})[f"{s.labels.get('route')} {s.labels.get('when')}"] = int(s.value)
-            elif s.name in labelled:
-                key, label = labelled[s.name]
-                out[key][s.labels.get(label, "")] = int(s.value)
-                seen = True
-            elif s.name in scalars:
-                out[scalars[s.name]] = int(s.value)
-                seen = seen or s.name == "vlite:forks_total"
+    for s in parse_page(text, allow_empty=True).samples:
+        if s.name == "vlite:client_disconnects_total":  # "<route> <when>"
+            out.setdefault("disconnects", {})[f"{s.labels.get('route')} {s.labels.get('when')}"] = int(s.value)
+        elif s.name in labelled:
+            key, label = labelled[s.name]
+            out[key][s.labels.get(label, "")] = int(s.value)
+            seen = True
+        elif s.name in scalars:
+            out[scalars[s.name]] = int(s.value)
+            seen = seen or s.name == "vlite:forks_total"
     return out if seen else None
 
 
@@ -174,7 +177,7 @@ def lines(cov: dict | None) -> list[str]:
 # The paths leak-check exists for: a client that leaves while its request waits, prefills or
 # decodes. The verdict line names each of them a run did not walk; a CLEAN run that walked none
 # of them has not tested the thing a user runs it for, and the command exits 4, not 0
-# (targets/base.py EXIT_HEADLINE_NOT_EXERCISED).
+# (checks/verdict.py EXIT_HEADLINE_NOT_EXERCISED).
 HEADLINE = ("abort while waiting", "abort during prefill", "abort during decode")
 
 

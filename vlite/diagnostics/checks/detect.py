@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from vlite.diagnostics.checks.snapshot import Snapshot
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.workload.replay import IdlePoint, RequestResult
 
 
@@ -110,7 +111,7 @@ class Findings:
     @property
     def host_leak(self) -> bool:
         """Host memory keeps its slope past warm-up (host_memory.py)."""
-        return bool(self.host_memory and self.host_memory["verdict"] == "HOST-LEAK")
+        return bool(self.host_memory and self.host_memory["verdict"] == Verdict.HOST_LEAK)
 
     @property
     def leak(self) -> bool:
@@ -118,7 +119,7 @@ class Findings:
                 or self.cpu_state["num_leftover_entries"] > 0 or bool(self.unattributed)
                 or bool(self.registries and (self.registries["leftover"] or self.registries["over_bound"]))
                 or bool(self.census and self.census["held"]) or self.census_overdue
-                or bool(self.cardinality and self.cardinality["verdict"] == "LEAK"))
+                or bool(self.cardinality and self.cardinality["verdict"] == Verdict.LEAK))
 
     @property
     def census_overdue(self) -> bool:
@@ -155,16 +156,16 @@ class Findings:
         0 for CLEAN, 1 for LEAK, ENGINE-ERROR, HOST-LEAK and ZOMBIE, 3 for INCONCLUSIVE (as the black-box
         check), 130 for INTERRUPTED."""
         if self.interrupted_verdict:
-            return "INTERRUPTED"
+            return Verdict.INTERRUPTED
         if self.leak:  # a storm verdict beside a leak is named in its summary (the leak is the cause to fix)
-            return "LEAK"
+            return Verdict.LEAK
         if self.engine_errors:  # the engine raised on a path the run drove, and nothing leaked from it
-            return "ENGINE-ERROR"
+            return Verdict.ENGINE_ERROR
         if self.storm and self.storm.get("verdict"):  # WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT (checks/storm.py)
             return self.storm["verdict"]
         if self.host_leak:
-            return "HOST-LEAK"
-        return "ZOMBIE" if self.zombie else "INCONCLUSIVE" if self.inconclusive else "CLEAN"
+            return Verdict.HOST_LEAK
+        return Verdict.ZOMBIE if self.zombie else Verdict.INCONCLUSIVE if self.inconclusive else Verdict.CLEAN
 
     def _zombie_part(self) -> str:
         """"3 requests outlived their clients by more than 2 engine steps (--zombie-threshold-steps)
@@ -193,7 +194,7 @@ class Findings:
         (``targets/base.py``), not 0."""
         from vlite.diagnostics.checks.coverage import no_client_abort
 
-        return self.verdict == "CLEAN" and self.coverage is not None and no_client_abort(self.not_exercised)
+        return self.verdict == Verdict.CLEAN and self.coverage is not None and no_client_abort(self.not_exercised)
 
     def summary(self, caveat: bool = True) -> str:
         """The verdict line, e.g. "LEAK: 12 blocks held by 4 finished requests; ...". With
@@ -205,15 +206,15 @@ class Findings:
 
         line = self._verdict_summary()
         verdict = self.verdict
-        if verdict == "LEAK" and self.storm and self.storm.get("verdict"):
+        if verdict == Verdict.LEAK and self.storm and self.storm.get("verdict"):
             line = f"{line}; after the abort storm: {self.storm['summary']}"
-        if self.engine_errors and verdict not in ("ENGINE-ERROR", "INTERRUPTED"):
+        if self.engine_errors and verdict not in (Verdict.ENGINE_ERROR, Verdict.INTERRUPTED):
             from vlite.diagnostics.checks.engine_errors import describe
 
             line = f"{line}; {describe(self.engine_errors)}"
-        words = coverage_caveat(self.not_exercised) if caveat and verdict not in ("INTERRUPTED",
-                                                                                  "INCONCLUSIVE") else None
-        if words and verdict == "CLEAN" and line.startswith("CLEAN: "):
+        words = coverage_caveat(self.not_exercised) if caveat and verdict not in (Verdict.INTERRUPTED,
+                                                                                  Verdict.INCONCLUSIVE) else None
+        if words and verdict == Verdict.CLEAN and line.startswith("CLEAN: "):
             line = f"CLEAN, but {words}: {line[len('CLEAN: '):]}"
         elif words:
             line = f"{line}; {words}"
@@ -289,7 +290,7 @@ class Findings:
                 f"{h['path']} {h['num_entries']}" for h in self.census["held"]))
         for o in (self.census or {}).get("overdue") if self.census_overdue else []:  # kept from its idle points
             parts.append(f"{o['process']} census overdue {o['seconds']:.0f} s, blocked by {', '.join(o['blocked_by'])}")
-        if self.cardinality and self.cardinality["verdict"] == "LEAK":
+        if self.cardinality and self.cardinality["verdict"] == Verdict.LEAK:
             from vlite.diagnostics.checks.cardinality import describe
 
             parts.append("/metrics series growing with requests: " + describe(self.cardinality))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_S, DEFAULT_THRESHOLD_STEPS, wall_clock_bound, zombie_check
 from vlite.diagnostics.workload.replay import RequestResult
 
@@ -33,7 +34,7 @@ from vlite.diagnostics.workload.replay import RequestResult
 # binary; it exports the gauges only for load-aware policies (not round_robin).
 ROUTER_IN_FLIGHT = ("vllm_router_running_requests", "vllm_router_worker_load")
 ROUTER_ROUTED = "vllm_router_processed_requests_total"
-ORDER = ("LEAK", "ENGINE-ERROR", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT", "ZOMBIE", "INCONCLUSIVE", "CLEAN")
+ORDER = (Verdict.LEAK, Verdict.ENGINE_ERROR, Verdict.WEDGED, Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT, Verdict.ZOMBIE, Verdict.INCONCLUSIVE, Verdict.CLEAN)
 HOP_ROUTER = "router -> replica"
 HOP_REPLICA = "replica"
 
@@ -137,18 +138,18 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
                 None if not direct_rows else "released in time" if direct_ok else "a zombie too")}
             zombies.append(row)
             hops.add(hop)
-        verdict = "CLEAN"
+        verdict = Verdict.CLEAN
         leaked = (r.kv_idle_after - r.kv_idle_before if r.kv_idle_after is not None and r.kv_idle_before is not None
                   else None)
         if r.kv_idle_after is None or r.kv_idle_before is None:
-            verdict = "INCONCLUSIVE"
+            verdict = Verdict.INCONCLUSIVE
             reasons.append("never idle: KV at idle not read (--drain-timeout)")
         if leaked is not None and leaked > kv_tolerance:
-            verdict = "LEAK"
+            verdict = Verdict.LEAK
             reasons.append(f"{leaked:g} {r.unit} of KV still in use at idle after the run "
                            f"({r.kv_idle_before:g} before, {r.kv_idle_after:g} after)")
         if zombies:
-            verdict = "LEAK" if verdict == "LEAK" else "ZOMBIE"
+            verdict = Verdict.LEAK if verdict == Verdict.LEAK else Verdict.ZOMBIE
             for z in zombies:
                 how = ("never ended" if z.get("never_ended") else
                        f"released {z['outlived_s']} s" + (f", {z['outlived_steps']} engine steps" if
@@ -156,8 +157,8 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
                 reasons.append(f"{z['request_id']} ({z['client_action']}): {how} its client left; abort lost at "
                                f"hop {z['hop']} (replica counted an abort: {_yes(z['abort_counted'])}; "
                                f"direct control: {z['direct_control'] or 'not sent'})")
-        if not left and verdict == "CLEAN":
-            verdict = "INCONCLUSIVE"
+        if not left and verdict == Verdict.CLEAN:
+            verdict = Verdict.INCONCLUSIVE
             reasons.append("no early-leaving client was routed to this replica: abort propagation not judged")
         if r.routed is not None and r.ended is not None and r.routed != r.ended:
             reasons.append(f"router routed {r.routed:g} requests here, the replica counted {r.ended:g} ended "
@@ -168,17 +169,17 @@ def judge_fleet(replicas: list[ReplicaFacts], probes: list[Probe], router_in_fli
                     "kv_idle_before": r.kv_idle_before, "kv_idle_after": r.kv_idle_after, "unit": r.unit,
                     "bound_s": round(wall_clock_bound(threshold_s, threshold_steps, r.step_time_s), 4),
                     "step_time_s": r.step_time_s, "routed": r.routed, "ended": r.ended})
-    router = {"verdict": "CLEAN", "in_flight": router_in_flight, "reasons": []}
+    router = {"verdict": Verdict.CLEAN, "in_flight": router_in_flight, "reasons": []}
     if router_in_flight is None:
         router["verdict"] = None
         router["reasons"].append(_unreconciled(router_metrics))
     else:
         for url, n in sorted(router_in_flight.items()):
             if n > 0:  # replicas are idle here (checked before reading the router)
-                router["verdict"] = "LEAK"
+                router["verdict"] = Verdict.LEAK
                 router["reasons"].append(f"router holds {n:g} requests in flight for {url}, which runs 0")
     verdicts = [r["verdict"] for r in out] + ([router["verdict"]] if router["verdict"] else [])
-    fleet = min(verdicts, key=ORDER.index) if verdicts else "INCONCLUSIVE"
+    fleet = min(verdicts, key=ORDER.index) if verdicts else Verdict.INCONCLUSIVE
     return {"verdict": fleet, "replicas": out, "router": router, "unattributed": unattributed,
             "threshold_s": threshold_s, "threshold_steps": threshold_steps}
 
@@ -205,16 +206,16 @@ def apply_storm(result: dict, storms: dict[str, dict]) -> dict:
         r["storm"] = s
         if not s["verdict"]:
             continue
-        if r["verdict"] == "LEAK":
+        if r["verdict"] == Verdict.LEAK:
             r["reasons"].append(f"after the abort storm: {s['summary']}")
             continue
-        if r["verdict"] != "CLEAN":
+        if r["verdict"] != Verdict.CLEAN:
             r["reasons"].append(f"before the storm checks: {r['verdict']}")
         r["verdict"] = s["verdict"]
         r["reasons"].append(s["summary"])
     verdicts = [r["verdict"] for r in result["replicas"]] + ([result["router"]["verdict"]]
                                                               if result["router"]["verdict"] else [])
-    result["verdict"] = min(verdicts, key=ORDER.index) if verdicts else "INCONCLUSIVE"
+    result["verdict"] = min(verdicts, key=ORDER.index) if verdicts else Verdict.INCONCLUSIVE
     return result
 
 

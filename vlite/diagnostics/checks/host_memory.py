@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from vlite.diagnostics.checks.verdict import Verdict
+
 # A container keeps growing when it gained at least MIN_CONTAINER_GROWTH entries over the late half
 # and either its late slope's 95% CI stays above this (entries/request) or it grew by at least this
 # much in every late interval without tapering (keeps_growing_steadily).
@@ -154,7 +156,7 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     kinds = result["kind_growth"] or {}
     if result["growing"] or anon_test.get("keeps_growing") or kinds.get("growing") \
             or any(t["keeps_growing"] for t in result["processes"].values()):
-        result["verdict"] = "HOST-LEAK"
+        result["verdict"] = Verdict.HOST_LEAK
     elif anon_test.get("inconclusive"):
         result["verdict"] = "inconclusive"
     elif anon_test.get("warm_up"):
@@ -193,7 +195,7 @@ def lines(result: dict | None) -> list[str]:
     limit = f"{ANON_SLOPE_BYTES // 1024} KiB/request"
     anon_words = ("anonymous memory's late-half slope below its threshold" if a and a.get("late_slope") is not None
                   else "anonymous memory (RssAnon + VmSwap) not read")
-    verdict = {"HOST-LEAK": "HOST-LEAK: host memory keeps its slope past warm-up",
+    verdict = {Verdict.HOST_LEAK: "HOST-LEAK: host memory keeps its slope past warm-up",
                "inconclusive": (f"host memory: inconclusive: the 95% CI of the late-half slope straddles the "
                                 f"{limit} threshold (a leak at it cannot be told from noise in this run; more "
                                 f"idle points, --num-requests and --idle-every, narrow the interval)"),
@@ -204,7 +206,7 @@ def lines(result: dict | None) -> list[str]:
                }[result["verdict"]]
     named = result["growing"] or any(t.get("keeps_growing") for t in (result.get("processes") or {}).values()) \
         or (result.get("kind_growth") or {}).get("growing")
-    if result["verdict"] != "HOST-LEAK" or not named:
+    if result["verdict"] != Verdict.HOST_LEAK or not named:
         out.append(verdict)
     trace = result.get("allocation_sites")
     if trace and trace["sites"]:

@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from vlite.diagnostics.checks.verdict import Verdict
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -72,7 +74,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "llama.cpp tools/server, server_prompt_cache::update"),
 )
 BY_NAME = {s.name: s for s in SIGNATURES}
-VERDICT_OF_KIND = {"leak": "LEAK", "zombie": "ZOMBIE"}
+VERDICT_OF_KIND = {"leak": Verdict.LEAK, "zombie": Verdict.ZOMBIE}
 
 
 def match(line: str) -> list[tuple[Signature, int]]:
@@ -129,4 +131,4 @@ def describe(h: dict) -> str:
 def symptom_verdict(hits: list[dict]) -> str | None:
     """LEAK when a leak signature was seen, else ZOMBIE for a zombie one, else None."""
     kinds = {h["kind"] for h in hits}
-    return "LEAK" if "leak" in kinds else "ZOMBIE" if "zombie" in kinds else None
+    return Verdict.LEAK if "leak" in kinds else Verdict.ZOMBIE if "zombie" in kinds else None

@@ -54,23 +54,14 @@ def histogram_quantile(before: dict[float, float], after: dict[float, float], q:
     return None
 
 
-def histogram_buckets(text: str, family: str) -> dict[float, float]:
-    """Cumulative bucket counts (by ``le``) of histogram ``family`` on a Prometheus text page,
-    summed over its label sets; empty when the page has no such histogram."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[float, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != family:
-            continue
-        for s in fam.samples:
-            if s.name == f"{family}_bucket" and "le" in s.labels:
-                le = float(s.labels["le"].replace("+Inf", "inf"))
-                out[le] = out.get(le, 0.0) + s.value
-    return out
-
-
 def itl_p99(before_text: str, after_text: str, family: str = "vlite:inter_token_latency_seconds") -> float | None:
     """The p99 inter-token latency (s) observed between two ``/metrics`` pages (the histogram's
-    bucket bound holding it), or None when no token gap was observed."""
-    return histogram_quantile(histogram_buckets(before_text, family), histogram_buckets(after_text, family), 0.99)
+    bucket bound holding it), or None when no token gap was observed.
+
+    Raises:
+        MetricsFormatError: a page is not Prometheus text.
+    """
+    from vlite.diagnostics.readers.metrics_text import parse_page
+
+    before, after = (parse_page(t, allow_empty=True).histogram_buckets(family) for t in (before_text, after_text))
+    return histogram_quantile(before, after, 0.99)

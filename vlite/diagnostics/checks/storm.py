@@ -26,10 +26,12 @@ fix (a leak that fills the pool wedges the server), the verdict stays LEAK and i
 
 from __future__ import annotations
 
+from vlite.diagnostics.checks.verdict import Verdict
+
 WEDGE_FLOOR_S = 5.0
 WEDGE_FACTOR = 10.0
 # the storm verdicts, worst first
-STORM_VERDICTS = ("WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT")
+STORM_VERDICTS = (Verdict.WEDGED, Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT)
 
 
 def wedge_bound(latencies_s: list[float], *, floor_s: float = WEDGE_FLOOR_S, factor: float = WEDGE_FACTOR,
@@ -57,7 +59,7 @@ def judge_wedge(probe: dict) -> tuple[str | None, str]:
         return None, (f"a plain request completed {probe['latency_s']:.3g} s after the storm "
                       f"(bound {bound:.3g} s)")
     if probe["health_status"] == 200:
-        return "WEDGED", (f"/health answers 200 but a plain request did not complete within {bound:.3g} s "
+        return Verdict.WEDGED, (f"/health answers 200 but a plain request did not complete within {bound:.3g} s "
                           f"after the abort storm ({probe['status']})")
     return None, (f"a plain request did not complete within {bound:.3g} s after the storm ({probe['status']}) "
                   f"and /health answered {probe['health_status']}: the server is down, not wedged")
@@ -86,13 +88,13 @@ def judge_canary(before: list[dict], after: dict | None) -> tuple[str | None, st
     if after.get("status") != 200:
         return None, f"the output canary after the storm failed ({after.get('status')}): not judged"
     if _empty(after):
-        return "EMPTY-OUTPUT", (f"the greedy canary returned HTTP 200 with zero tokens after the abort storm "
+        return Verdict.EMPTY_OUTPUT, (f"the greedy canary returned HTTP 200 with zero tokens after the abort storm "
                                 f"(finish_reason {after.get('finish_reason')!r}); before it: "
                                 f"{ref.get('completion_tokens')} tokens {_quote(ref.get('text'))}")
     if len({r.get("text") for r in before}) > 1:
         return None, "the greedy canary differed between its two runs before the storm: drift not judged"
     if after.get("text") != ref.get("text"):
-        return "OUTPUT-DRIFT", (f"the greedy canary (temperature 0) changed after the abort storm: "
+        return Verdict.OUTPUT_DRIFT, (f"the greedy canary (temperature 0) changed after the abort storm: "
                                 f"{_quote(ref.get('text'))} before, {_quote(after.get('text'))} after")
     return None, f"the greedy canary returned the same {ref.get('completion_tokens') or 'non-empty'}-token text"
 

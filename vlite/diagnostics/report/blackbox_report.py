@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from vlite.diagnostics.checks import engine_errors
 from vlite.diagnostics.checks.storm import lines as storm_lines
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
@@ -40,8 +41,9 @@ def _fmt_trend(t) -> str:
 
 def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
-    color = {"CLEAN": "green", "LEAK": "red", "ZOMBIE": "red", "INCONCLUSIVE": "yellow", "WEDGED": "red",
-             "EMPTY-OUTPUT": "red", "OUTPUT-DRIFT": "red", "ENGINE-ERROR": "red"}[res.verdict]
+    color = {Verdict.CLEAN: "green", Verdict.LEAK: "red", Verdict.ZOMBIE: "red", Verdict.INCONCLUSIVE: "yellow",
+             Verdict.WEDGED: "red", Verdict.EMPTY_OUTPUT: "red", Verdict.OUTPUT_DRIFT: "red",
+             Verdict.ENGINE_ERROR: "red"}[res.verdict]
     console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
 
 

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from vlite.diagnostics.checks import engine_errors
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
 
 _BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path",
@@ -34,7 +35,8 @@ def print_verdict(findings, console: Console, prefix: str = "") -> None:
     """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
     f = findings
     verdict = f.verdict
-    color = "red" if verdict in ("LEAK", "ENGINE-ERROR", "HOST-LEAK", "WEDGED", "EMPTY-OUTPUT", "OUTPUT-DRIFT") else "green" if verdict == "CLEAN" else "yellow"
+    red = (Verdict.LEAK, Verdict.ENGINE_ERROR, Verdict.HOST_LEAK, Verdict.WEDGED, Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT)
+    color = "red" if verdict in red else "green" if verdict == Verdict.CLEAN else "yellow"
     console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
 
 
@@ -79,7 +81,7 @@ def print_report(run, console: Console | None = None) -> None:
     for line in engine_errors.lines(f.engine_errors):  # one line each; report.json has the traceback
         console.print(line, highlight=False, markup=False, style="red")
     for line in extra_lines(f):
-        style = "yellow" if line.startswith(("not exercised", "ZOMBIE", "HOST-LEAK")) else None
+        style = "yellow" if line.startswith(("not exercised", Verdict.ZOMBIE, Verdict.HOST_LEAK)) else None
         console.print(line, highlight=False, markup=False, style=style)
     for note in f.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

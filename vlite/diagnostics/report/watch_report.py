@@ -11,10 +11,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.report.writer import md_table, write_report_dir
 from vlite.diagnostics.targets.watch import WatchResult
 
-_COLOR = {"CLEAN": "green", "INCONCLUSIVE": "yellow"}  # every other verdict red
+_COLOR = {Verdict.CLEAN: "green", Verdict.INCONCLUSIVE: "yellow"}  # every other verdict red
 
 
 def print_watch(res: WatchResult, console: Console) -> None:

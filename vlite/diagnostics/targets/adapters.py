@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from vlite.diagnostics.targets.prom import MetricsPage
+from vlite.diagnostics.readers.metrics_text import MetricsPage
 
 SERVER_KINDS = ("vlite", "vllm", "sglang", "llamacpp", "tgi", "trtllm")
 

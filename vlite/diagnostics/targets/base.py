@@ -22,25 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+# Exit codes by verdict (``checks/verdict.py``); 2 is a usage error.
+# exit_code and EXIT_HEADLINE_NOT_EXERCISED are imported from here by the CLI and tests.
+from vlite.diagnostics.checks.verdict import EXIT_HEADLINE_NOT_EXERCISED, exit_code, run_exit_code  # noqa: F401
+
 if TYPE_CHECKING:  # types only: importing the checks loads torch, and the CLI imports this module early
     import pandas as pd
 
     from vlite.diagnostics.checks.result import RunResult
     from vlite.diagnostics.workload.replay import ReplayResult
     from vlite.diagnostics.workload.sources import RequestSpec
-
-# Exit codes by verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT); every other
-# verdict (LEAK, ZOMBIE, HOST-LEAK, ENGINE-ERROR, and after an abort storm WEDGED, EMPTY-OUTPUT,
-# OUTPUT-DRIFT: ``checks/storm.py``) 1. A CLEAN run that sent or walked no client abort exits 4
-# instead (EXIT_HEADLINE_NOT_EXERCISED, ``TargetRun.exit_code``); 2 is a usage error.
-EXIT_CODES = {"CLEAN": 0, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
-EXIT_HEADLINE_NOT_EXERCISED = 4
-
-
-def exit_code(verdict: str) -> int:
-    """The exit code of a verdict: CLEAN 0, INCONCLUSIVE 3, INTERRUPTED 130 (128 + SIGINT), else 1."""
-    return EXIT_CODES.get(verdict, 1)
-
 
 class TargetError(RuntimeError):
     """The target cannot be reached or read (the message is one line: what was wrong)."""
@@ -153,9 +144,7 @@ class TargetRun:
     def exit_code(self) -> int:
         """The command's exit code for this run's verdict (``exit_code``); 4 for a CLEAN run
         whose headline paths (client aborts) were not exercised."""
-        if self.verdict == "CLEAN" and self.headline_not_exercised:
-            return EXIT_HEADLINE_NOT_EXERCISED
-        return exit_code(self.verdict)
+        return run_exit_code([self.verdict], headline_not_exercised=self.headline_not_exercised)
 
     @classmethod
     def of_run_result(cls, kind: str, run: RunResult) -> TargetRun:

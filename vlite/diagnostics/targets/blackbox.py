@@ -37,6 +37,7 @@ import pandas as pd
 from vlite.diagnostics.checks.cardinality import cardinality_check, series_counts
 from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
 from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
@@ -330,16 +331,16 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         baseline = used[0] if used else None
         final = used[-1] if used else None
         if first.kv_used is None:
-            verdict = "INCONCLUSIVE"
+            verdict = Verdict.INCONCLUSIVE
             summary = (f"INCONCLUSIVE: this {conn.adapter.kind} server exports no KV-cache gauge "
                        f"({conn.adapter.caveat}); only process memory was sampled")
         elif not drained and len(used) >= 2 and used[-1] - baseline > tol:
-            verdict = "LEAK"
+            verdict = Verdict.LEAK
             summary = (f"LEAK: {used[-1] - baseline:g} {unit} of KV cache still used at the idle point after wave "
                        f"{len(used) - 1} (after a probe; baseline {baseline:g}); then the server stopped draining "
                        f"within --drain-timeout {drain_timeout_s:g} s (the leak may have exhausted the pool)")
         elif not drained:
-            verdict = "INCONCLUSIVE"
+            verdict = Verdict.INCONCLUSIVE
             summary = (f"INCONCLUSIVE: the server did not drain (running == waiting == 0 for {IDLE_SCRAPES} "
                        f"scrapes) within --drain-timeout {drain_timeout_s:g} s after "
                        f"{'the baseline' if not used else f'wave {len(used) - 1}'}; no verdict on a busy server")
@@ -348,19 +349,19 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
                 final = asyncio.run(_confirm(driver, baseline, final, drain_timeout_s))
             residual = final - baseline
             if residual < -tol:
-                verdict = "LEAK"
+                verdict = Verdict.LEAK
                 summary = (f"LEAK (excess): {-residual:g} {unit} fewer in use at idle than at the baseline "
                            f"({baseline:g} -> {final:g} {unit}): blocks freed twice (double free) or a double count")
             elif residual > tol:
-                verdict = "LEAK"
+                verdict = Verdict.LEAK
                 summary = (f"LEAK: {residual:g} {unit} of KV cache still used at idle after the {len(used) - 1} "
                            f"waves (KV used at idle: baseline {baseline:g} -> {final:g} {unit}, read before "
                            "any bisection)")
             else:
-                verdict = "CLEAN"
+                verdict = Verdict.CLEAN
                 summary = (f"CLEAN: KV cache back to its baseline ({baseline:g} {unit}) at every idle point, "
                            f"confirmed by {len(driver.probes)} 1-token probes")
-        if verdict == "LEAK" and len(used) >= 2:
+        if verdict == Verdict.LEAK and len(used) >= 2:
             kinds = sorted({s.action.kind for s in specs}, key=list(ACTION_KINDS).index)
             counts = np.array([[sum(s.action.kind == k for s in wave) for k in kinds] for wave in waves[:len(used) - 1]])
             increments = np.abs(np.diff(np.array(used, dtype=float)))  # an excess counts as much as a deficit
@@ -387,10 +388,10 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         sampler.stop()
     sampler.sample()
     cardinality = cardinality_check(series)
-    if cardinality["verdict"] == "LEAK":  # one series per client value: a leak whatever the KV cache says
+    if cardinality["verdict"] == Verdict.LEAK:  # one series per client value: a leak whatever the KV cache says
         growth = "/metrics series growing with requests: " + describe_cardinality(cardinality)
-        summary = f"{summary}; {growth}" if verdict == "LEAK" else f"LEAK: {growth}"
-        verdict = "LEAK"
+        summary = f"{summary}; {growth}" if verdict == Verdict.LEAK else f"LEAK: {growth}"
+        verdict = Verdict.LEAK
     verdict, summary = _with_server_errors(verdict, summary, out, driver.errors)
     block_size = first.block_size
     trends = [replace(trough_trend(out.idle_points), y_unit=unit), trough_trend(out.idle_points, "rss_bytes")]
@@ -402,7 +403,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     notes.extend(out.notes)
     notes.append(f"{conn.adapter.kind}: {conn.adapter.caveat}")
     # a black box shows no engine path, but whether the waves sent a client abort it knows
-    no_abort = verdict == "CLEAN" and not any(s.action.is_abort for s in specs)
+    no_abort = verdict == Verdict.CLEAN and not any(s.action.is_abort for s in specs)
     if no_abort:
         summary = summary.replace("CLEAN: ", "CLEAN, but no client abort was sent (--abort-rate 0): ", 1)
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
@@ -500,7 +501,7 @@ class BlackboxTarget:
                            drain_timeout_s=self.drain_timeout_s, bisect_budget_s=self.bisect_budget_s,
                            sample_interval_s=plan.sample_interval_s, server_pid=self.server_pid, url=self.url,
                            seed=plan.seed, info=info)
-        if self.zombie_max_tokens and res.verdict != "INCONCLUSIVE" and res.drained:
+        if self.zombie_max_tokens and res.verdict != Verdict.INCONCLUSIVE and res.drained:
             plan.on_line(f"zombie check: one early-leaving request per client action, max_tokens "
                          f"{self.zombie_max_tokens}")
             zopts = plan.zombie_options or {}

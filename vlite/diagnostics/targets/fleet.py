@@ -32,10 +32,10 @@ import httpx
 from vlite.diagnostics.checks import fleet as judge
 from vlite.diagnostics.checks.pace import itl_p99
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_S, DEFAULT_THRESHOLD_STEPS
+from vlite.diagnostics.readers.metrics_text import MetricsFormatError, MetricsPage, parse_page
 from vlite.diagnostics.targets.base import TargetError
 from vlite.diagnostics.targets.connection import BlackboxDriver, Connection, NullProbe, connect
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
-from vlite.diagnostics.targets.prom import MetricsFormatError, MetricsPage, parse_page
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
 

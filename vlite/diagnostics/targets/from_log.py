@@ -34,6 +34,7 @@ import pandas as pd
 
 from vlite.diagnostics.checks.detect import trough_trend
 from vlite.diagnostics.checks.log_signatures import SignatureCounter, describe, symptom_verdict
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.blackbox import BlackboxResult
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult
@@ -153,28 +154,28 @@ def analyze_log(path: Path) -> BlackboxResult:
     if bad:
         notes.append(f"{bad} stats-like lines could not be parsed (skipped)")
     if not stretches:
-        verdict = "INCONCLUSIVE"
+        verdict = Verdict.INCONCLUSIVE
         summary = (f"INCONCLUSIVE: no idle stretch (0 running, 0 waiting) in {len(df)} stats lines: "
                    "nothing to compare with an empty cache")
     else:
         last = stretches[-1]
         above = [s for s in stretches if s["min_used"] > 0]
         if last["min_used"] > 0 and last["lines"] >= 2:
-            verdict = "LEAK"
+            verdict = Verdict.LEAK
             summary = (f"LEAK: KV cache usage stays above 0 (min {last['min_used']:g}, last {last['last_used']:g} "
                        f"{unit}) through the last idle stretch "
                        f"(lines {last['first_line']}-{last['last_line']}, {last['lines']} stats lines with 0 running "
                        f"and 0 waiting); {len(above)} of {len(stretches)} idle stretches stay above 0")
         elif trend.rising:
-            verdict = "LEAK"
+            verdict = Verdict.LEAK
             summary = (f"LEAK: the idle troughs (the least KV used in each idle stretch) rise by "
                        f"{trend.slope:.3g} {unit} per idle stretch ({len(stretches)} stretches)")
         elif last["min_used"] > 0:
-            verdict = "INCONCLUSIVE"
+            verdict = Verdict.INCONCLUSIVE
             summary = (f"INCONCLUSIVE: the log ends on one idle line at {last['min_used']:g} {unit} (line "
                        f"{last['first_line']}); a lagging gauge or a leak, nothing later confirms either")
         else:
-            verdict = "CLEAN"
+            verdict = Verdict.CLEAN
             summary = (f"CLEAN: KV cache usage returns to 0 in the last idle stretch ({len(stretches)} idle "
                        f"stretches, {len(above)} with usage above 0 throughout)")
     replay = ReplayResult([], points, start_time=base_time, end_time=float(samples["time"].iloc[-1]))
@@ -191,12 +192,12 @@ def analyze_log(path: Path) -> BlackboxResult:
 def _signatures_only(path: Path, hits: list[dict], num_lines: int) -> BlackboxResult:
     """The verdict of a log with no stats line but known server messages (module docstring)."""
     verdict = symptom_verdict(hits)
-    worst = next((h for h in hits if h["kind"] == {"LEAK": "leak", "ZOMBIE": "zombie"}.get(verdict)), None)
+    worst = next((h for h in hits if h["kind"] == {Verdict.LEAK: "leak", Verdict.ZOMBIE: "zombie"}.get(verdict)), None)
     if worst is not None:
         summary = (f"{verdict}: the server logged {worst['server']}'s '{worst['signature']}' {worst['lines']} "
                    f"time(s): {worst['means']}")
     else:
-        verdict = "INCONCLUSIVE"
+        verdict = Verdict.INCONCLUSIVE
         found = ", ".join(f"{h['count']} x {h['signature']}" for h in hits)
         summary = f"INCONCLUSIVE: no stats line to judge the KV cache by; the log holds {found}"
     servers = "+".join(sorted({h["server"] for h in hits}))

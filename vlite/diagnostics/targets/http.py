@@ -20,6 +20,8 @@ from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_ch
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.targets import control
+from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
@@ -32,23 +34,12 @@ IDLE_TIMEOUT_S = 120.0  # how long to wait for the server to drain before giving
 POLL_FAILURES = 3  # failed /metrics reads in a row after which the drain polling gives up
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Gauge values of a Prometheus text page (first sample of each family), by metric name."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, s.value)
-    return out
-
-
 def metrics_block_stats(base: str, client: httpx.Client):
     """A sampler source scraping ``{base}/metrics`` (blocks, requests and, where the server
     exports ``vlite:engine_steps_total``, the engine step counter ``num_steps``: None elsewhere)."""
 
     def read() -> dict:
-        m = parse_metrics(control.get(client, f"{base}/metrics", timeout=5).text)
+        m = parse_page(control.get(client, f"{base}/metrics", timeout=5).text, allow_empty=True).first_values()
         total, free = int(m["vlite:num_total_blocks"]), int(m["vlite:num_free_blocks"])
         cached = int(m.get("vlite:num_cached_blocks", 0))
         return {"num_total_blocks": total, "num_free_blocks": free, "num_cached_blocks": cached,
@@ -73,8 +64,6 @@ def census_current_metrics(client, base: str, timeout_s: float = 5.0) -> str:
     """The /metrics page once the server's request-id census covers every ended request
     (``vlite:census_pending_requests`` 0; the serving loop runs it at idle points, at most once a
     second), or the last page read after ``timeout_s`` (a server without the census at once)."""
-    from vlite.diagnostics.targets.prom import labelled_values
-
     deadline = time.time() + timeout_s
     while True:
         text = control.get(client, f"{base}/metrics").text
@@ -90,8 +79,6 @@ def census_from_metrics(text: str) -> dict | None:
     ids stay in the server: ``/debug`` has them), and ``overdue``: each process whose census was
     kept from its idle points, with what blocks it (``vlite:census_overdue_seconds{process,
     blocked_by}``); None when the server exports no census."""
-    from vlite.diagnostics.targets.prom import parse_page
-
     samples = parse_page(text).samples
     if not any(s.name == "vlite:census_pending_requests" for s in samples):
         return None
@@ -160,7 +147,7 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
     while time.time() < deadline:
         t = time.time()
         try:
-            m = parse_metrics(control.checked(await client.get(f"{base}/metrics")).text)
+            m = parse_page(control.checked(await client.get(f"{base}/metrics")).text, allow_empty=True).first_values()
         except control.CONTROL_FAILURES as exc:
             control.failed("GET /metrics (drain polling)", exc, errors)
             failures, quiet = failures + 1, 0
@@ -396,7 +383,7 @@ def final_snapshot(client: httpx.Client, base: str, rows: list[dict],
         text = ""
     if snap is None and text:
         try:
-            snap = snapshot.from_metrics(parse_metrics(text))
+            snap = snapshot.from_metrics(parse_page(text, allow_empty=True).first_values())
         except (ValueError, KeyError) as exc:
             control.failed("GET /metrics (final census)", exc, errors)
     if snap is None:
@@ -458,6 +445,6 @@ class HttpTarget:
             max_tokens = storm.fit_max_tokens(client, base)
             sent = asyncio.run(storm.abort_storm(base, self.storm_requests, max_tokens=max_tokens))
             s = storm.judge_after(client, base, before, bound, sent)
-        if s["verdict"] and run.findings.verdict not in ("CLEAN", "LEAK"):
+        if s["verdict"] and run.findings.verdict not in (Verdict.CLEAN, Verdict.LEAK):
             run.findings.notes.append(f"before the storm checks: {run.findings.summary(caveat=False)}")
         run.findings.storm = s

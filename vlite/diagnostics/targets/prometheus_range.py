@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import httpx
 
+from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.metrics_text import MetricsPage, Sample
 from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES
-from vlite.diagnostics.targets.prom import MetricsPage, Sample
 from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Alert, Watcher, WatchResult
 
 MAX_POINTS = 11000  # Prometheus refuses a range query of more points per series
@@ -252,7 +253,7 @@ def _judge_one(api: PrometheusAPI, job: str, instance: str, since_s: float, end:
 
 
 # a fleet's verdict is its worst replica's, in this order
-_SEVERITY = ("LEAK", "ZOMBIE", "HOST-LEAK", "INCONCLUSIVE", "CLEAN")
+_SEVERITY = (Verdict.LEAK, Verdict.ZOMBIE, Verdict.HOST_LEAK, Verdict.INCONCLUSIVE, Verdict.CLEAN)
 
 
 def judge_fleet(api: PrometheusAPI, job: str, instances: list[str], since_s: float, end: float, step: float | None, *,
@@ -278,8 +279,8 @@ def judge_fleet(api: PrometheusAPI, job: str, instances: list[str], since_s: flo
     rows = [{"instance": i, "verdict": r.verdict, "summary": r.summary, "idle_points": len(r.idle_points),
              "kv_total": r.info.get("kv_total")} for i, r in per.items()]
     verdict = min((r.verdict for r in per.values()), key=lambda v: _SEVERITY.index(v) if v in _SEVERITY else 0)
-    bad = [row for row in rows if row["verdict"] != "CLEAN"]
-    clean = [row["instance"] for row in rows if row["verdict"] == "CLEAN"]
+    bad = [row for row in rows if row["verdict"] != Verdict.CLEAN]
+    clean = [row["instance"] for row in rows if row["verdict"] == Verdict.CLEAN]
     n = len(rows)
     if not bad:
         summary = f"CLEAN: every one of the {n} replicas ({label}) is CLEAN: {', '.join(clean)}"

@@ -24,6 +24,7 @@ import time
 import httpx
 
 from vlite.diagnostics.checks.storm import judge_canary, judge_wedge, wedge_bound, worst
+from vlite.diagnostics.checks.verdict import Verdict
 
 CANARY_PROMPT = "Write the numbers from one to twenty in words, separated by commas:"
 CANARY_MAX_TOKENS = 16
@@ -191,7 +192,7 @@ def judge_after(client: httpx.Client, base: str, before: dict, bound_s: float, s
         creason = "not run after the storm: the server did not answer the wedge probe"
     verdict = worst([wedge["verdict"], cv])
     summary = None
-    if verdict == "WEDGED":
+    if verdict == Verdict.WEDGED:
         summary = f"WEDGED: {wedge['reason']}"
     elif verdict:
         summary = f"{verdict}: {creason}"
@@ -206,9 +207,9 @@ def apply_to(res, s: dict) -> None:
     res.storm = s
     if not s["verdict"]:
         return
-    if res.verdict == "LEAK":
+    if res.verdict == Verdict.LEAK:
         res.summary = f"{res.summary}; after the abort storm: {s['summary']}"
         return
-    if res.verdict != "CLEAN":
+    if res.verdict != Verdict.CLEAN:
         res.notes.append(f"before the storm checks: {res.summary}")
     res.verdict, res.summary = s["verdict"], s["summary"]

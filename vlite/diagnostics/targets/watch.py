@@ -48,14 +48,15 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, MIN_POINTS, plateau_test
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.targets.adapters import MetricsReading
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, Connection
 
 # "uncounted" is an alert without a verdict: vLLM 0.32 never counts client aborts in
 # request_success_total (measured: tests/interop/vllm_zombie.sh), so on vLLM it is the normal case.
-FLAG_VERDICT = {"kv-held": "LEAK", "running-stuck": "ZOMBIE", "uncounted": None, "host-memory": "HOST-LEAK",
-                "log-signature": None}
+FLAG_VERDICT = {"kv-held": Verdict.LEAK, "running-stuck": Verdict.ZOMBIE, "uncounted": None,
+                "host-memory": Verdict.HOST_LEAK, "log-signature": None}
 DEFAULT_STUCK_AFTER_S = 300.0
 
 
@@ -166,17 +167,17 @@ class Watcher:
             return verdict, f"{verdict}: {first.message}{also}"
         n = len(self.idle_points)
         if n < 2:
-            return "INCONCLUSIVE", (f"INCONCLUSIVE: {n} natural idle point(s) seen; the judge needs a baseline and at "
-                                    "least one idle point after traffic")
+            return Verdict.INCONCLUSIVE, (f"INCONCLUSIVE: {n} natural idle point(s) seen; the judge needs a "
+                                          "baseline and at least one idle point after traffic")
         if self._first is not None and self._first.kv_used is None:
-            return "INCONCLUSIVE", (f"INCONCLUSIVE: this {self.kind} server exports no KV gauge; nothing else was "
-                                    f"flagged over {n} idle points")
+            return Verdict.INCONCLUSIVE, (f"INCONCLUSIVE: this {self.kind} server exports no KV gauge; nothing "
+                                          f"else was flagged over {n} idle points")
         base = self.idle_points[0].kv_used
         unc = self.idle_points[-1].uncounted
         counted = ("" if unc is None else "every request counted" if unc <= 0 else
                    f"{unc:g} requests never counted by the engine (flagged: aborts the server does not count)")
-        return "CLEAN", (f"CLEAN: KV back to its baseline ({base:g} {self.unit}) at all {n} natural idle points; "
-                         f"no request stuck running; host memory below its threshold{'; ' + counted if counted else ''}")
+        return Verdict.CLEAN, (f"CLEAN: KV back to its baseline ({base:g} {self.unit}) at all {n} natural idle points; "
+                               f"no request stuck running; host memory below its threshold{'; ' + counted if counted else ''}")
 
     def _alert(self, flag: str, t: float, idle: int | None, message: str) -> None:
         if flag in self.flags:

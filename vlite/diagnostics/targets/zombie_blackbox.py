@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import httpx
 
 from vlite.diagnostics.checks.pace import quantile
+from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_STEPS, wall_clock_bound
 from vlite.diagnostics.targets.adapters import NO_ABORT_COUNTER, MetricsReading
 from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
@@ -431,7 +432,7 @@ def apply_to(res, z: dict) -> None:
     (exit 1); a LEAK stays LEAK, the zombies listed beside it."""
     res.zombies = z
     summary = zombie_summary(z)
-    if summary and res.verdict == "CLEAN":
-        res.verdict, res.summary = "ZOMBIE", summary
+    if summary and res.verdict == Verdict.CLEAN:
+        res.verdict, res.summary = Verdict.ZOMBIE, summary
     elif summary:
         res.notes.append(summary)
