@@ -5,6 +5,12 @@ run cannot tell warm-up from a leak (llama.cpp#28933 was such a false alarm). Th
 fits only the later half of the idle points: growth that stops there is warm-up; growth that
 keeps its slope is a leak (vllm#44175 grew 0.57 GiB over 12 h at a steady slope).
 
+A one-time step (a long prompt's buffers, an allocator arena that grows once, more often on a
+loaded machine) is not a slope either, but a fit over a few idle points reads it as one. So where
+one interval stands out (``largest_step``), anonymous memory is judged by the idle points after
+that step alone (``step_test``): they must keep growing, with a 95% CI above the threshold. A run
+with too few idle points after the step says so ("too short") and how to make it long enough.
+
 Two series are tested, both read at the idle points (``IdlePoint.host``):
 
 * ``containers``: the size (entries) of every container reachable from the engine, by path (the
@@ -160,7 +166,7 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     """The host-memory verdict from idle points that carry ``host`` readings.
 
     Per process: where ``host["processes"]`` names more than one process (the engine and its
-    tensor-parallel workers, ``{name: RssAnon + VmSwap bytes}``), each gets its own plateau test
+    tensor-parallel workers, ``{name: RssAnon + VmSwap bytes}``), each gets its own ``step_test``
     (``processes``), and a worker that keeps growing is a HOST-LEAK named by its rank even when
     the sum over all of them stays inside the noise. ``served``: the requests served per kind
     at each point (``kind_growth.served_by_point``, same order as ``points``): then
@@ -171,9 +177,11 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     warm-up), ``"inconclusive"`` (the 95% CI of anonymous memory's late-half slope straddles the
     threshold: no verdict either way), ``"warm-up"`` (anonymous memory rose above the threshold
     over the run but levelled off in its later half: that CI lies below the threshold),
+    ``"too short"`` (a one-time step with fewer than ``MIN_AFTER_STEP`` idle points after it, in
+    the sum or in one process: no verdict either way), ``"one step"`` (a step, then no growth),
     ``"below threshold"`` or ``"too few idle points"``;
     ``growing``: the containers that keep growing (path, entries per request, first -> last);
-    ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used;
+    ``anon_swap``: the ``step_test`` of anonymous RSS + swap (bytes); ``n``: idle points used;
     ``processes``: {name: plateau test} (with more than one process); ``kind_growth``: the fit
     per request kind (with ``served``).
     """
