@@ -320,6 +320,6 @@ def too_short_line(result: dict) -> str:
     every = max(1, int(round(st["requests_per_point"])))
     total = int(math.ceil(result.get("last_requests", st["to_requests"]) + more * every))
     return (f"host memory: too short to tell a one-time step from a leak: {st['after_points']} idle point(s) after "
-            f"the step, the slope after it needs {need}; rerun with --num-requests {total} --idle-every {every} "
+            f"the step, a slope after it needs {need} of them; rerun with --num-requests {total} --idle-every {every} "
             f"(or a smaller --idle-every, at least {more} more idle points after the step); no verdict on host memory")
 
