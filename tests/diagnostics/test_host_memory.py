@@ -181,3 +181,68 @@ def test_a_late_slope_whose_interval_straddles_the_threshold_is_inconclusive_not
     warm = host_memory_check(_points([5] * 8, flat))
     assert warm["verdict"] == "warm-up" and warm["anon_swap"]["late_ci95"][1] < 64 * 1024
     assert "levelled off" in "\n".join(host_memory_lines(warm))
+
+
+def _anon_points(anon, every=16, processes=None):
+    """Idle points every ``every`` requests with anonymous memory ``anon`` (bytes) and no container growth."""
+    return [IdlePoint(float(i), every * i, 0, None, {"anon_swap_bytes": a, "containers": {"engine.cache": 5},
+                                                     **({"processes": processes[i]} if processes else {})})
+            for i, a in enumerate(anon)]
+
+
+_MIB, _KIB = 2**20, 1024
+_NOISE = [(i % 2) * 50 * _KIB for i in range(16)]  # RssAnon jitters by pages between idle points
+
+
+def test_one_step_then_flat_is_not_a_leak():
+    # a clean run's RssAnon: 1040 MiB, one +67 MiB step (an arena that grew once), then flat; the
+    # late half's fit reads the step as ~770 KiB/request with a CI above the threshold
+    anon = [1040 * _MIB + n + (67 * _MIB if i > 10 else 0) for i, n in enumerate(_NOISE)]
+    result = host_memory_check(_anon_points(anon))
+    assert result["verdict"] == "one step", result
+    step = result["anon_swap"]["step"]
+    assert (step["from_requests"], step["to_requests"], step["after_points"]) == (160, 176, 5)
+    assert step["after_ci95"][1] < 64 * _KIB
+    text = "\n".join(host_memory_lines(result))
+    assert "one step of +67.0 MiB between 160 and 176 requests served" in text and "HOST-LEAK" not in text
+
+
+def test_a_step_then_steady_growth_is_a_leak_judged_after_the_step():
+    anon = [1040 * _MIB + (30 * _MIB if i >= 2 else 0) + i * 16 * 200 * _KIB + n for i, n in enumerate(_NOISE[:10])]
+    result = host_memory_check(_anon_points(anon))
+    assert result["verdict"] == "HOST-LEAK"
+    step = result["anon_swap"]["step"]
+    assert step["to_requests"] == 32 and step["after_points"] == 8
+    assert step["after_slope"] == pytest.approx(200 * _KIB, rel=0.05) and step["after_ci95"][0] > 64 * _KIB
+
+
+def test_steady_growth_is_a_leak_with_no_step():
+    anon = [1040 * _MIB + i * 16 * 200 * _KIB + n for i, n in enumerate(_NOISE[:8])]
+    result = host_memory_check(_anon_points(anon))
+    assert result["verdict"] == "HOST-LEAK" and result["anon_swap"]["step"] is None
+
+
+def test_too_few_points_after_a_step_is_too_short_and_names_the_options():
+    # the default run's 6 idle points (60 requests + 3 probes): +67 MiB over the last two intervals
+    xs = [0, 16, 32, 48, 60, 63]
+    anon = [1040 * _MIB, 1040 * _MIB + 40 * _KIB, 1041 * _MIB, 1041 * _MIB, 1074 * _MIB, 1107 * _MIB]
+    pts = [IdlePoint(float(i), x, 0, None, {"anon_swap_bytes": a, "containers": {}}) for i, (x, a) in
+           enumerate(zip(xs, anon))]
+    result = host_memory_check(pts)
+    assert result["verdict"] == "too short", result
+    assert result["anon_swap"]["step"]["after_points"] < 4
+    text = "\n".join(host_memory_lines(result))
+    assert "too short to tell a one-time step from a leak" in text
+    assert "--num-requests 95 --idle-every 16" in text and "needs 4" in text
+    # a step at the end of a longer run: the same verdict, with the run's own spacing
+    late = [1040 * _MIB + n + (67 * _MIB if i > 13 else 0) for i, n in enumerate(_NOISE)]
+    assert "--num-requests 272 --idle-every 16" in "\n".join(host_memory_lines(host_memory_check(_anon_points(late))))
+
+
+def test_a_step_in_one_tensor_parallel_worker_is_not_a_leak_of_that_rank():
+    # -tp 2 on a loaded machine: tp_rank0 took one step, then stayed flat; the sum is flat otherwise
+    rank0 = [300 * _MIB + n + (40 * _MIB if i > 10 else 0) for i, n in enumerate(_NOISE)]
+    procs = [{"engine": 1000 * _MIB, "tp_rank0": r, "tp_rank1": 300 * _MIB} for r in rank0]
+    result = host_memory_check(_anon_points([sum(p.values()) for p in procs], processes=procs))
+    assert result["verdict"] == "one step", result
+    assert not result["processes"]["tp_rank0"]["keeps_growing"] and result["processes"]["tp_rank0"]["step"]

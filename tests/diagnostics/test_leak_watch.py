@@ -199,3 +199,13 @@ def test_watcher_waits_out_a_lagging_gauge_and_needs_two_idle_points():
     t = _idle_then(w, t + 1, _r(kv=64.0, gen=15.0), n=12)  # stays up past the lag: LEAK
     assert w.alerts and w.alerts[0].flag == "kv-held"
     assert Watcher("vlite", "blocks").verdict()[0] == "INCONCLUSIVE"
+
+
+def test_watcher_reads_a_one_time_step_as_no_host_leak():
+    w = Watcher("vlite", "blocks")
+    t = 0.0
+    for i in range(14):  # +67 MB once, after 90 requests served, then flat for 5 idle points
+        w.feed(t, _r(running=1, finished=float(10 * i)))
+        mem = 1e9 + (i % 2) * 50e3 + (67e6 if i >= 9 else 0)
+        t = _idle_then(w, t + 1, _r(finished=float(10 * (i + 1))), mem={"bytes": mem, "source": "rss"})
+    assert w.verdict()[0] == "CLEAN" and w.memory_test["step_only"], w.memory_test

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, CONTAINER_SLOPE
+from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, CONTAINER_SLOPE, anon_verdict
 from vlite.diagnostics.checks.verdict import Verdict
 
 LEVEL_ROUNDS = 3  # idle points at the end of the distinct rounds that must agree for a level (2 rounds)
@@ -107,8 +107,8 @@ def apply_probe(host: dict, series: dict[str, tuple[list, list]], *, rounds: int
     series: container path -> (repeated points, distinct points) as ``classify`` takes them.
     Bounded caches leave ``host["growing"]`` for ``host["bounded_caches"]``; the others stay,
     each with its ``probe`` kind. With no growing container left and anonymous memory not
-    growing, the verdict becomes the anonymous-memory test's again (``inconclusive``,
-    ``warm-up`` or ``below threshold``). ``host["cache_probe"]`` records what the probe did
+    growing, the verdict becomes the anonymous-memory test's again (``host_memory.anon_verdict``).
+    ``host["cache_probe"]`` records what the probe did
     (rounds, round size, budget, anonymous memory before and after it, bytes). Returns ``host``.
     """
     kinds = {path: classify(rep, dis) for path, (rep, dis) in series.items()}
@@ -129,8 +129,7 @@ def apply_probe(host: dict, series: dict[str, tuple[list, list]], *, rounds: int
     if host.get("verdict") != Verdict.HOST_LEAK or still or others:
         return host
     if not anon.get("keeps_growing"):
-        host["verdict"] = ("inconclusive" if anon.get("inconclusive") else "warm-up" if anon.get("warm_up")
-                           else "below threshold")
+        host["verdict"] = anon_verdict(host)
     elif anon_bytes and rounds * round_size > 0:
         # Anonymous memory grew through the replay while the bounded caches filled. The probe is
         # the same series carried on for rounds x round_size more requests: if it grew less than

@@ -73,6 +73,12 @@ class Trend:
         return self.ci95 is not None and self.ci95[0] > self.threshold
 
 
+def _slope(test: dict) -> float:
+    """Bytes per request a host-memory test judged: after the step where it found one, else its late half's."""
+    step = test.get("step") or {}
+    return step["after_slope"] if step.get("after_slope") is not None else test["late_slope"]
+
+
 @dataclass
 class Findings:
     """Everything detection found; ``leak`` is the verdict (exit code 1)."""
@@ -243,9 +249,9 @@ class Findings:
                               + (f" ({g['probe']['kind']})" if g.get("probe") else "") for g in grow) if grow
                     else ", ".join(f"{k['process']} +{k['bytes_per_request'] / 1024:.1f} KiB per {k['kind']} request"
                                    for k in kinds) if kinds
-                    else ", ".join(f"{n} RssAnon + VmSwap +{hm['processes'][n]['late_slope'] / 1024:.1f} KiB/request"
+                    else ", ".join(f"{n} RssAnon + VmSwap +{_slope(hm['processes'][n]) / 1024:.1f} KiB/request"
                                    for n in procs) if procs
-                    else f"RssAnon + VmSwap +{hm['anon_swap']['late_slope'] / 1024:.1f} KiB/request")
+                    else f"RssAnon + VmSwap +{_slope(hm['anon_swap']) / 1024:.1f} KiB/request")
             sites = (self.host_memory.get("allocation_sites") or {}).get("sites")
             if sites:
                 what += f"; top growing allocation site {sites[0]['site']} +{sites[0]['bytes_per_request']:.0f} B/request"
@@ -257,8 +263,11 @@ class Findings:
             return (f"INCONCLUSIVE: every request ended in an engine error ({self.coverage['finish_reasons']['error']} "
                     f"sequences); no leak seen, but nothing ran (the engine log says why)")
         if not self.leak:
+            short = (self.host_memory or {}).get("verdict") == "too short"
             return (f"CLEAN: drain invariant holds ({self.drain.num_free_blocks} free + {self.drain.num_cached_blocks} "
-                    f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind")
+                    f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind"
+                    + ("; host memory: no verdict, the run is too short to tell a one-time step from a leak "
+                       "(the host-memory line says how many requests it needs)" if short else ""))
         parts = []
         if self.drain.deficit_blocks or self.leaked_blocks:
             reqs = {b["request_id"] for b in self.leaked_blocks}

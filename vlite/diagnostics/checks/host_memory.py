@@ -5,6 +5,12 @@ run cannot tell warm-up from a leak (llama.cpp#28933 was such a false alarm). Th
 fits only the later half of the idle points: growth that stops there is warm-up; growth that
 keeps its slope is a leak (vllm#44175 grew 0.57 GiB over 12 h at a steady slope).
 
+A one-time step (a long prompt's buffers, an allocator arena that grows once, more often on a
+loaded machine) is not a slope either, but a fit over a few idle points reads it as one. So where
+one interval stands out (``largest_step``), anonymous memory is judged by the idle points after
+that step alone (``step_test``): they must keep growing, with a 95% CI above the threshold. A run
+with too few idle points after the step says so ("too short") and how to make it long enough.
+
 Two series are tested, both read at the idle points (``IdlePoint.host``):
 
 * ``containers``: the size (entries) of every container reachable from the engine, by path (the
@@ -32,6 +38,12 @@ MIN_CONTAINER_GROWTH = 5
 # Anonymous RSS + swap keeps growing when its late slope's 95% CI stays above this (bytes/request).
 ANON_SLOPE_BYTES = 64 * 1024
 MIN_POINTS = 5  # idle points for a plateau test: 2 for the early slope, 3 (2 intervals) in the later half
+# A one-time step (a long prompt's buffers, an allocator arena that grows once) is one interval
+# whose growth is at least STEP_FACTOR times the median of the other intervals' and at least one
+# interval's worth of growth at the threshold. Growth counts as a leak only where the idle points
+# after the step keep growing: MIN_AFTER_STEP of them (3 intervals, 2 degrees of freedom for a CI).
+STEP_FACTOR = 3.0
+MIN_AFTER_STEP = 4
 
 
 def anon_swap_bytes(pids: Iterable[int]) -> int | None:
@@ -83,6 +95,58 @@ def plateau_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     return out
 
 
+def largest_step(xs: list[float], ys: list[float], threshold: float) -> int | None:
+    """Index ``j`` of the interval ``xs[j] -> xs[j+1]`` that is a one-time step (see STEP_FACTOR),
+    or None where no interval stands out from the others (steady growth, or noise below the
+    threshold). ``threshold`` in y-units per x-unit."""
+    if len(xs) < 3:
+        return None
+    import numpy as np
+
+    rises = np.diff(np.asarray(ys, dtype=float))
+    j = int(np.argmax(rises))
+    others = np.delete(rises, j)
+    if rises[j] < threshold * float(np.median(np.diff(xs))):
+        return None
+    return j if rises[j] >= STEP_FACTOR * max(0.0, float(np.median(others))) else None
+
+
+def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
+    """``plateau_test`` that does not read a one-time step as a slope.
+
+    Where the late half keeps growing or cannot tell (``inconclusive``) and one interval is a step
+    (``largest_step``), the verdict comes from the idle points after the step alone: their slope's
+    95% CI must lie above ``threshold`` for ``keeps_growing``; a CI below it sets ``step_only``
+    (one step, then no growth); a CI across it, ``inconclusive``. With fewer than
+    ``MIN_AFTER_STEP`` points after the step, ``too_short``: the run cannot tell a step from a
+    leak. ``step``: {from_requests, to_requests, rise, after_points, after_slope, after_ci95,
+    requests_per_point} (y-units; slopes per x-unit) or None.
+    """
+    out = plateau_test(xs, ys, threshold)
+    out.update(step=None, step_only=False, too_short=False, min_after_step=MIN_AFTER_STEP)
+    if not (out["keeps_growing"] or out["inconclusive"]):
+        return out
+    j = largest_step(xs, ys, threshold)
+    if j is None:
+        return out
+    after = _fit(xs[j + 1:], ys[j + 1:]) if len(xs) - j - 1 >= MIN_AFTER_STEP else None
+    gaps = sorted(b - a for a, b in zip(xs, xs[1:]))
+    out["step"] = {"from_requests": xs[j], "to_requests": xs[j + 1], "rise": ys[j + 1] - ys[j],
+                   "after_points": len(xs) - j - 1, "after_slope": after[0] if after else None,
+                   "after_ci95": (after[1], after[2]) if after else None,
+                   "requests_per_point": gaps[len(gaps) // 2]}
+    out["keeps_growing"] = out["inconclusive"] = False
+    if after is None:
+        out["too_short"] = True
+    elif after[1] > threshold:
+        out["keeps_growing"] = True
+    elif after[2] < threshold:
+        out["step_only"] = True
+    else:
+        out["inconclusive"] = True
+    return out
+
+
 def keeps_growing_steadily(xs: list[float], ys: list[float], threshold: float) -> bool:
     """Exact counts (container entries): the series grew by at least ``threshold`` per x-unit in
     every interval of its later half, and the later half's slope is at least half the earlier
@@ -104,7 +168,7 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     """The host-memory verdict from idle points that carry ``host`` readings.
 
     Per process: where ``host["processes"]`` names more than one process (the engine and its
-    tensor-parallel workers, ``{name: RssAnon + VmSwap bytes}``), each gets its own plateau test
+    tensor-parallel workers, ``{name: RssAnon + VmSwap bytes}``), each gets its own ``step_test``
     (``processes``), and a worker that keeps growing is a HOST-LEAK named by its rank even when
     the sum over all of them stays inside the noise. ``served``: the requests served per kind
     at each point (``kind_growth.served_by_point``, same order as ``points``): then
@@ -115,9 +179,11 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     warm-up), ``"inconclusive"`` (the 95% CI of anonymous memory's late-half slope straddles the
     threshold: no verdict either way), ``"warm-up"`` (anonymous memory rose above the threshold
     over the run but levelled off in its later half: that CI lies below the threshold),
+    ``"too short"`` (a one-time step with fewer than ``MIN_AFTER_STEP`` idle points after it, in
+    the sum or in one process: no verdict either way), ``"one step"`` (a step, then no growth),
     ``"below threshold"`` or ``"too few idle points"``;
     ``growing``: the containers that keep growing (path, entries per request, first -> last);
-    ``anon_swap``: the plateau test of anonymous RSS + swap (bytes); ``n``: idle points used;
+    ``anon_swap``: the ``step_test`` of anonymous RSS + swap (bytes); ``n``: idle points used;
     ``processes``: {name: plateau test} (with more than one process); ``kind_growth``: the fit
     per request kind (with ``served``).
     """
@@ -134,14 +200,15 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     if len(pts) < MIN_POINTS:
         return result
     xs = [float(p.requests_completed) for p in pts]
+    result["last_requests"] = xs[-1]
     anon = [p.host.get("anon_swap_bytes") for p in pts]
     if all(a is not None for a in anon):
-        result["anon_swap"] = plateau_test(xs, [float(a) for a in anon], ANON_SLOPE_BYTES)
+        result["anon_swap"] = step_test(xs, [float(a) for a in anon], ANON_SLOPE_BYTES)
     if len(names) > 1:
         for name in names:
             mem = [(p.host.get("processes") or {}).get(name) for p in pts]
             if all(m is not None for m in mem):
-                result["processes"][name] = plateau_test(xs, [float(m) for m in mem], ANON_SLOPE_BYTES)
+                result["processes"][name] = step_test(xs, [float(m) for m in mem], ANON_SLOPE_BYTES)
     half = len(pts) // 2
     late_paths = set.intersection(*(set(p.host.get("containers", {})) for p in pts[half:]))
     for path in sorted(late_paths):
@@ -152,18 +219,24 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
         if test["keeps_growing"] or keeps_growing_steadily(xs, sizes, CONTAINER_SLOPE):
             result["growing"].append({"path": path, "entries_per_request": round(test["late_slope"], 3),
                                       "first": int(sizes[0]), "last": int(sizes[-1])})
-    anon_test = result["anon_swap"] or {}
     kinds = result["kind_growth"] or {}
-    if result["growing"] or anon_test.get("keeps_growing") or kinds.get("growing") \
-            or any(t["keeps_growing"] for t in result["processes"].values()):
+    if result["growing"] or kinds.get("growing") or any(t["keeps_growing"] for t in result["processes"].values()):
         result["verdict"] = Verdict.HOST_LEAK
-    elif anon_test.get("inconclusive"):
-        result["verdict"] = "inconclusive"
-    elif anon_test.get("warm_up"):
-        result["verdict"] = "warm-up"
     else:
-        result["verdict"] = "below threshold"
+        result["verdict"] = anon_verdict(result)
     return result
+
+
+def anon_verdict(result: dict) -> str:
+    """The verdict from anonymous memory alone (the sum, then each process): ``HOST-LEAK``,
+    ``too short`` (a step with too few idle points after it, in the sum or in a process),
+    ``inconclusive``, ``one step`` (a step, then no growth), ``warm-up`` or ``below threshold``."""
+    tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
+    for flag, verdict in (("keeps_growing", Verdict.HOST_LEAK), ("too_short", "too short"),
+                          ("inconclusive", "inconclusive"), ("step_only", "one step"), ("warm_up", "warm-up")):
+        if any(t.get(flag) for t in tests):
+            return verdict
+    return "below threshold"
 
 
 def lines(result: dict | None) -> list[str]:
@@ -179,9 +252,13 @@ def lines(result: dict | None) -> list[str]:
         out.append(f"host memory (RssAnon + VmSwap): {a['first'] / 2**20:.1f} -> {a['last'] / 2**20:.1f} MiB; "
                    f"late-half slope {a['late_slope'] / 1024:.1f} KiB/request (95% CI {a['late_ci95'][0] / 1024:.1f}"
                    f" .. {a['late_ci95'][1] / 1024:.1f}; a leak above {ANON_SLOPE_BYTES // 1024} KiB/request)")
+    if a and a.get("step"):
+        out.append(step_line("host memory (RssAnon + VmSwap)", a))
     for name, t in (result.get("processes") or {}).items():
         if t.get("late_slope") is None:
             continue
+        if t.get("step"):
+            out.append(step_line(f"host memory of {name}", t))
         out.append(f"{'HOST-LEAK: ' if t['keeps_growing'] else ''}host memory of {name} (RssAnon + VmSwap): "
                    f"{t['first'] / 2**20:.1f} -> {t['last'] / 2**20:.1f} MiB; late-half slope "
                    f"{t['late_slope'] / 1024:.1f} KiB/request (95% CI {t['late_ci95'][0] / 1024:.1f} .. "
@@ -199,6 +276,9 @@ def lines(result: dict | None) -> list[str]:
                "inconclusive": (f"host memory: inconclusive: the 95% CI of the late-half slope straddles the "
                                 f"{limit} threshold (a leak at it cannot be told from noise in this run; more "
                                 f"idle points, --num-requests and --idle-every, narrow the interval)"),
+               "too short": too_short_line(result) if result["verdict"] == "too short" else "",
+               "one step": (f"host memory: one step, then no growth: the idle points after the step grow less "
+                            f"than {limit} (95% CI below it); a one-time allocation, not a per-request leak"),
                "warm-up": (f"host memory: growth within warm-up: it levelled off in the later half of the run "
                            f"(the late-half slope's 95% CI lies below {limit})"),
                "below threshold": (f"host memory: no container reachable from the engine keeps growing "
@@ -219,3 +299,29 @@ def lines(result: dict | None) -> list[str]:
     elif trace is not None:
         out.append("host memory: no Python allocation site grew between the idle points (tracemalloc)")
     return out
+
+
+def step_line(what: str, t: dict) -> str:
+    """"... one step of +66.0 MiB between 32 and 48 requests served; after it: ..." for a test
+    with a ``step``."""
+    st = t["step"]
+    after = (f"the {st['after_points']} idle points after it grow {st['after_slope'] / 1024:.1f} KiB/request "
+             f"(95% CI {st['after_ci95'][0] / 1024:.1f} .. {st['after_ci95'][1] / 1024:.1f})"
+             if st["after_ci95"] else f"{st['after_points']} idle point(s) after it, too few for a slope")
+    return (f"{what}: one step of {st['rise'] / 2**20:+.1f} MiB between {st['from_requests']:.0f} and "
+            f"{st['to_requests']:.0f} requests served, judged apart from the slope; {after}")
+
+
+def too_short_line(result: dict) -> str:
+    """The "too short" verdict: how many idle points the run needs after the step, and the options
+    that give them (``--num-requests`` at the run's spacing of idle points, ``--idle-every``)."""
+    tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
+    t = next(t for t in tests if t.get("too_short"))
+    st, need = t["step"], t["min_after_step"]
+    more = need - st["after_points"]
+    every = max(1, int(round(st["requests_per_point"])))
+    total = int(math.ceil(result.get("last_requests", st["to_requests"]) + more * every))
+    return (f"host memory: too short to tell a one-time step from a leak: {st['after_points']} idle point(s) after "
+            f"the step, a slope after it needs {need} of them; rerun with --num-requests {total} --idle-every {every} "
+            f"(or a smaller --idle-every, at least {more} more idle points after the step); no verdict on host memory")
+

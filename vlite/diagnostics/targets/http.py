@@ -19,9 +19,9 @@ from vlite.diagnostics.checks.detect import detect
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
-from vlite.diagnostics.targets import control
 from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
+from vlite.diagnostics.targets import control
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready

@@ -26,7 +26,8 @@ the baseline.
   the KV and running checks say whether the uncounted requests cost anything.
 * ``host-memory`` (HOST-LEAK): process memory at the idle points against requests served, the
   plateau test of ``host_memory.py`` (the later half of the idle points keeps its slope above
-  ``ANON_SLOPE_BYTES`` per request); ``RssAnon + VmSwap`` of the process tree on this host, else
+  ``ANON_SLOPE_BYTES`` per request, and where one interval is a one-time step, the idle points
+  after it do); ``RssAnon + VmSwap`` of the process tree on this host, else
   the server's own ``process_resident_memory_bytes`` (the API server process only).
 
 * ``log-signature`` (an alert, no verdict): with ``--server-log FILE``, a line the server wrote
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, MIN_POINTS, plateau_test
+from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, MIN_POINTS, step_test
 from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.targets.adapters import MetricsReading
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
@@ -290,7 +291,7 @@ class Watcher:
         pts = [q for q in self.idle_points if q.memory_bytes is not None]
         if len(pts) < MIN_POINTS:
             return
-        test = plateau_test([q.requests_served for q in pts], [float(q.memory_bytes) for q in pts], ANON_SLOPE_BYTES)
+        test = step_test([q.requests_served for q in pts], [float(q.memory_bytes) for q in pts], ANON_SLOPE_BYTES)
         test["source"] = pts[-1].memory_source
         self.memory_test = test
         if test["keeps_growing"]:
