@@ -19,10 +19,10 @@ FIX = Path(__file__).parent / "fixtures"
 def test_each_verdict_has_its_exit_code_and_a_one_line_meaning():
     codes = {v.value: v.exit_code for v in Verdict}
     assert codes == {"CLEAN": 0, "LEAK": 1, "ZOMBIE": 1, "HOST-LEAK": 1, "WEDGED": 1, "EMPTY-OUTPUT": 1,
-                     "OUTPUT-DRIFT": 1, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
+                     "OUTPUT-DRIFT": 1, "ENGINE-ERROR": 1, "INCONCLUSIVE": 3, "INTERRUPTED": 130}
     assert all(v.meaning and "\n" not in v.meaning for v in Verdict)
     assert [v for v in Verdict if v.is_finding] == [Verdict.LEAK, Verdict.ZOMBIE, Verdict.HOST_LEAK, Verdict.WEDGED,
-                                                    Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT]
+                                                    Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT, Verdict.ENGINE_ERROR]
     assert exit_code("HOST-LEAK") == 1 and exit_code("a --scenario failed") == 1 and exit_code("CLEAN") == 0
 
 
