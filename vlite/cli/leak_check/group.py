@@ -93,20 +93,35 @@ def check_flags(group, name: str, args: list[str]) -> None:
             continue
         where = owners(group, flag)
         if where:
-            subs = " or ".join(f"`vlite leak-check {w}`" for w in where)
+            names = [f"`vlite leak-check {where[0]}`", *(f"`{w}`" for w in where[1:])]
+            subs = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
             why = REASONS.get(flag, f"{flag} belongs to another mode")
-            common.fail(f"{why}; {flag} is an option of {subs}, not of `vlite leak-check {name}`")
+            common.fail(f"{why}: it is an option of {subs}, not of `{name}`")
 
 
-def one_line(cmd_path: str, exc: click_exc.UsageError) -> None:
+def _given(args: list[str], opts: list[str]) -> str | None:
+    """The value given on the command line to the option named ``opts`` (the last one), if any."""
+    value = None
+    for k, token in enumerate(args):
+        if token in opts and k + 1 < len(args):
+            value = args[k + 1]
+        elif token.split("=", 1)[0] in opts and "=" in token:
+            value = token.split("=", 1)[1]
+    return value
+
+
+def one_line(cmd_path: str, exc: click_exc.UsageError, args: list[str]) -> None:
     """A click usage error as one line on stderr, exit 2: the option, what was wrong, what is allowed."""
     param = getattr(exc, "param", None)
     if isinstance(exc, click_exc.BadParameter) and param is not None and getattr(param, "opts", None):
         lo, hi = getattr(param, "min", None), getattr(param, "max", None)
         allowed = (f"between {lo} and {hi}" if lo is not None and hi is not None
                    else f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else None)
-        what = exc.message if allowed is None or "not a valid" in exc.message else f"it must be {allowed}"
-        common.fail(f"bad value for {param.opts[0]}: {what} (see `{cmd_path} --help`)")
+        given = _given(args, param.opts)
+        if allowed is None or "valid" in exc.message:
+            common.fail(f"{param.opts[0]} {given!r}: {exc.message.rstrip('.')}" if given is not None
+                        else f"{param.opts[0]}: {exc.message}")
+        common.fail(f"{param.opts[0]} {given} is out of range: it must be {allowed}")
     common.fail(f"{exc.format_message()} (see `{cmd_path} --help`)")
 
 
@@ -130,7 +145,8 @@ class OneLineErrors:
     """Mixin for a subcommand: a usage error (a value out of range, a missing option) is one line."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list
         try:
             return super().parse_args(ctx, args)
         except click_exc.UsageError as exc:
-            one_line(ctx.command_path, exc)
+            one_line(ctx.command_path, exc, given)

@@ -51,7 +51,7 @@ def validate_engine_args(engine_args: EngineArgs, max_num_batched_tokens: int | 
 @o.with_group("w", o.WORKLOAD)
 def replay(w: SimpleNamespace = None, out: SimpleNamespace = None, inproc: SimpleNamespace = None,
            engine_args: EngineArgs = None) -> None:
-    """Replay with client aborts in this process (the default), drain, name every block left."""
+    """Replay with client aborts in this process (the default); name every block left."""
     from vlite.cli.leak_check_target import run_target
 
     t_start = time.time()
