@@ -18,8 +18,8 @@ MODE_FLAGS = {"--blackbox": ("blackbox", False), "--watch": ("watch", False), "-
 POSITIONAL = {"--from-log", "--scenario"}  # their value is the subcommand's argument now
 # Why a flag does not apply, for the flags users most often carry over from another mode.
 REASONS = {
-    "--storm-requests": "--storm-requests and --wedge-timeout-s apply to a server's replay: add --url",
-    "--wedge-timeout-s": "--storm-requests and --wedge-timeout-s apply to a server's replay: add --url",
+    "--storm-requests": "--storm-requests and --wedge-timeout-s apply to a server's replay (add --url)",
+    "--wedge-timeout-s": "--storm-requests and --wedge-timeout-s apply to a server's replay (add --url)",
     "--trace-allocations": "--trace-allocations traces this process's allocations: it applies to the in-process "
                            "replay only",
     "--cache-probe-requests": "--cache-probe-requests applies to the in-process replay only",

@@ -15,6 +15,10 @@ class LeakCheckCommand(OneLineErrors, common.PanelledCommand):
     """A ``leak-check`` subcommand: compact ``--help``, whole ``--help-all``, one-line usage errors."""
 
     def format_options(self, ctx, formatter) -> None:
+        args = [p.get_help_record(ctx) for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl([(name.split(" <")[0], text.replace("  [required]", "")) for name, text in args])
         if ctx.meta.get("help_all"):
             return super().format_options(ctx, formatter)
         sections: dict[str, list[tuple[str, str]]] = {}
