@@ -72,7 +72,7 @@ def test_an_engine_flag_error_names_the_flag_before_the_heavy_imports():
     code = ("import sys\nfrom vlite.cli.main import app\n"
             "try:\n    app(['leak-check', '--block-size', '3', '--workload', 'synthetic'])\n"
             "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules, "
-            "'vlite.diagnostics.workload.sources' in sys.modules)\n")
+            "'vlite.engine.llm_engine' in sys.modules)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert res.stdout.strip().splitlines()[-1] == "exit 2 False False", res.stdout + res.stderr
