@@ -59,7 +59,7 @@ def replay(w: SimpleNamespace = None, out: SimpleNamespace = None, inproc: Simpl
     engine_args.seed = w.seed
     validate_engine_args(engine_args, inproc.max_num_batched_tokens, w.workload == "all-paths")
     o.check_writable(out.report)
-    plan = o_plan(w, inproc)
+    plan = _plan(w, inproc)
     from vlite.diagnostics.targets.inprocess import InProcessTarget
     from vlite.diagnostics.workload.all_paths import suggest_num_blocks
 
@@ -70,7 +70,7 @@ def replay(w: SimpleNamespace = None, out: SimpleNamespace = None, inproc: Simpl
     sys.exit(run_target(target, plan, common.make_console(), out.report, t_start=t_start))
 
 
-def o_plan(w: SimpleNamespace, inproc: SimpleNamespace):
+def _plan(w: SimpleNamespace, inproc: SimpleNamespace):
     """The in-process replay's plan."""
     from vlite.cli.leak_check.workload import build_plan
 
