@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import typer
 
-
 from vlite.cli.leak_check.group import LeakCheckGroup
 from vlite.cli.leak_check.help import LeakCheckCommand
 from vlite.cli.leak_check.options import DEFAULT_ABORT_RATE, DEFAULT_NUM_REQUESTS  # noqa: F401 (public)

@@ -4,8 +4,8 @@ options as a list of flags) so that it fits a screen; ``--help-all`` every optio
 from __future__ import annotations
 
 from vlite.cli import common
-from vlite.cli.leak_check.group import OneLineErrors
 from vlite.cli.leak_check import options as o
+from vlite.cli.leak_check.group import OneLineErrors
 from vlite.cli.leak_check.options import PANEL_ENGINE
 
 PANEL_ORDER = (o.PANEL_WORKLOAD, o.PANEL_INPROC, o.PANEL_SERVER, o.PANEL_MODE, o.PANEL_ENGINE, "Options")

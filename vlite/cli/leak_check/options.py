@@ -74,7 +74,7 @@ WORKLOAD = {
         "Prompt text of the all-paths and synthetic workloads: distinct (made-up words no request repeats, so "
         "outputs differ too and a cache keyed by content keeps growing) or word-list (a 90-word list: every "
         "token is one of about 90)."))),
-    "idle_every": (typing.Optional[int], _opt(None, "--idle-every", min=0, help=(
+    "idle_every": (int | None, _opt(None, "--idle-every", min=0, help=(
         "Wait for the engine to go idle after every N requests, giving the trend its troughs (default: "
         "num_requests/5; 0 = never)."))),
     "n": (int, _opt(1, "--n", min=1, help="Samples per synthetic request (n > 1 forks shared blocks).")),
@@ -94,7 +94,7 @@ def _show_all(ctx: typer.Context, value: bool) -> None:
 
 
 REPORT = {
-    "report": (typing.Optional[Path], _opt(None, "--report", panel=None,
+    "report": (Path | None, _opt(None, "--report", panel=None,
                                            help="Write report.json, samples.csv, report.md, PNGs here.")),
     "help_all": (bool, typer.Option(False, "--help-all", is_eager=True, callback=_show_all,
                                     help="Every option's whole help, defaults and ranges.")),
@@ -103,7 +103,7 @@ STORM = {
     "storm_requests": (int, _opt(DEFAULT_STORM_REQUESTS, "--storm-requests", panel=PANEL_SERVER, min=0, help=(
         "Streamed requests of the abort storm after the replay, all cut at once; then the wedge probe (WEDGED) "
         "and the greedy output canary run before any abort (EMPTY-OUTPUT, OUTPUT-DRIFT). 0 = none."))),
-    "wedge_timeout_s": (typing.Optional[float], _opt(None, "--wedge-timeout-s", panel=PANEL_SERVER, min=0.1, help=(
+    "wedge_timeout_s": (float | None, _opt(None, "--wedge-timeout-s", panel=PANEL_SERVER, min=0.1, help=(
         "Seconds a plain request may take after the abort storm before the server is WEDGED (default: "
         "max(5, 10 x its slowest run before any abort))."))),
 }
@@ -122,14 +122,14 @@ def server(url_help: str, *, pid: bool = True, kind: bool = True) -> dict:
     """The options that name a server: ``--url`` (with ``url_help``), ``--api-key``, and unless
     turned off ``--server-kind`` and ``--server-pid``."""
     group = {
-        "url": (typing.Optional[str], _opt(None, "--url", panel=PANEL_SERVER, help=url_help)),
-        "api_key": (typing.Optional[str], _opt(None, "--api-key", panel=PANEL_SERVER, help="Bearer key of the server.")),
+        "url": (str | None, _opt(None, "--url", panel=PANEL_SERVER, help=url_help)),
+        "api_key": (str | None, _opt(None, "--api-key", panel=PANEL_SERVER, help="Bearer key of the server.")),
     }
     if kind:
         group["server_kind"] = (str, _opt("auto", "--server-kind", panel=PANEL_SERVER, help=(
             "auto (from /metrics), vlite, vllm, sglang, llamacpp, tgi or trtllm.")))
     if pid:
-        group["server_pid"] = (typing.Optional[int], _opt(None, "--server-pid", panel=PANEL_SERVER, min=1, help=(
+        group["server_pid"] = (int | None, _opt(None, "--server-pid", panel=PANEL_SERVER, min=1, help=(
             "The server's root process (default: the one listening on the port).")))
     return group
 

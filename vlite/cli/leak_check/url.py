@@ -24,8 +24,8 @@ GPU_TRACE = {
 
 
 def _server_replay(w, srv, storm, bb, out, *, blackbox: bool, trace_gpu: bool = False) -> None:
-    from vlite.cli.leak_check_target import connect_or_fail, run_target
     from vlite.cli.leak_check.workload import build_plan
+    from vlite.cli.leak_check_target import connect_or_fail, run_target
     from vlite.diagnostics.workload.actions import IN_PROCESS_ONLY
 
     t_start = time.time()
