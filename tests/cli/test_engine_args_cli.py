@@ -70,7 +70,8 @@ def test_every_command_accepts_every_engine_flag(command, captured):
 
 @pytest.mark.parametrize("command", list(COMMANDS), ids=" ".join)
 def test_help_lists_every_engine_flag_with_its_help(command):
-    res = _invoke(*command, "--help")
+    # leak-check's engine options are the replay's; its --help-all has their whole help
+    res = _invoke(*command, "replay", "--help-all") if command == ("leak-check",) else _invoke(*command, "--help")
     assert res.exit_code == 0
     squeezed = "".join(res.output.split())  # help is wrapped (also after hyphens): compare without whitespace
     for f in EngineArgs.cli_fields():
@@ -92,15 +93,16 @@ def test_tp_short_flag_reaches_parallel_config(captured):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--distributed-executor-backend", "slurm"], "distributed_executor_backend must be one of ('mp', 'ray')"),
-    (["-tp", "0"], "tensor_parallel_size must be >= 1, got 0"),
-    (["--block-size", "12"], "block_size must be a positive power of two, got 12"),
-    (["--dtype", "int8"], "dtype must be float32, bfloat16 or float16"),
-    (["--num-blocks", "0"], "num_blocks must be >= 1, got 0"),
-    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1]"),
+    (["--distributed-executor-backend", "slurm"], "--distributed-executor-backend must be one of ('mp', 'ray')"),
+    (["-tp", "0"], "--tensor-parallel-size must be >= 1, got 0"),
+    (["--block-size", "12"], "--block-size must be a positive power of two, got 12"),
+    (["--dtype", "int8"], "--dtype must be float32, bfloat16 or float16"),
+    (["--num-blocks", "0"], "--num-blocks must be >= 1, got 0"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1]"),
 ])
-def test_a_bad_engine_flag_is_exit_2_with_one_line(args, message):
-    res = _invoke("generate", "--model", "/no/such/model", *args)
+@pytest.mark.parametrize("command", [("generate",), ("leak-check",), ("leak-check", "scenario", "all")], ids=" ".join)
+def test_a_bad_engine_flag_is_exit_2_with_one_line_naming_the_flag(command, args, message):
+    res = _invoke(*command, "--model", "/no/such/model", *args)
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.output

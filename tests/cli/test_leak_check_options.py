@@ -1,5 +1,5 @@
-"""Options that only mean something with --watch or --prometheus are refused without them, at
-once, instead of being ignored by a full replay (found by a fresh user's trial)."""
+"""Options of another mode are refused at once, in one line naming the subcommand they belong to,
+instead of being ignored by a full replay."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from vlite.cli.main import app
 
 @pytest.mark.parametrize("args,says", [
     (["--job", "vllm"], "--job applies to --watch or --prometheus"),
-    (["--duration", "5", "--interval", "2"], "--duration, --interval apply to --watch or --prometheus"),
+    (["--duration", "5", "--interval", "2"], "--duration applies to --watch or --prometheus: it is an option of `vlite leak-check watch`, not of `replay`"),
     (["--since", "2h"], "--since applies to --watch or --prometheus"),
-    (["--prometheus", "http://127.0.0.1:9", "--job", "j", "--url", "http://127.0.0.1:9"], "pick one"),
-    (["--watch", "--url", "http://127.0.0.1:9", "--from-log", "x.log"], "--from-log reads a server's log"),
+    (["--prometheus", "http://127.0.0.1:9", "--job", "j", "--url", "http://127.0.0.1:9"],
+     "--url names a live server: it is an option of `vlite leak-check url`"),
+    (["--watch", "--url", "http://127.0.0.1:9", "--from-log", "x.log"],
+     "--watch and --from-log cannot be combined: --watch runs `vlite leak-check watch`, --from-log runs `vlite leak-check log`; pick one"),
 ])
 def test_watch_options_without_watch_are_one_line_errors(args, says):
     res = CliRunner().invoke(app, ["leak-check", *args])

@@ -37,7 +37,7 @@ def test_defaults_abort_as_make_run_does_with_the_documented_request_count():
     # README, docs/leak-check/ and --help agree on them: tests/cli/test_help_texts.py
     import typer
 
-    params = {p.name: p for p in typer.main.get_command(app).commands["leak-check"].params}
+    params = {p.name: p for p in typer.main.get_command(app).commands["leak-check"].commands["replay"].params}
     assert params["num_requests"].default == 60 and params["abort_rate"].default == 0.3
     assert params["abort_mode"].default == "mix"  # as `make run`: --abort-rate 0.3 --abort-mode mix
 

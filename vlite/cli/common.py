@@ -121,7 +121,24 @@ def create_engine_config(engine_args: EngineArgs) -> EngineConfig:
     try:
         return engine_args.create_engine_config()
     except ValueError as exc:
-        fail(str(exc))
+        fail(flag_words(str(exc)))
+
+
+def flag_words(message: str) -> str:
+    """An engine-config message in the command line's words: ``block_size must be ...`` becomes
+    ``--block-size must be ...`` (a field name with an underscore anywhere, any other at the start)."""
+    import re
+
+    for f in EngineArgs.cli_fields():
+        flag = next((x for x in f.metadata["flags"] if x.startswith("--")), None)
+        if flag is None:
+            continue
+        flag = flag.split("/")[0]
+        if "_" in f.name:
+            message = re.sub(rf"(?<![\w-]){f.name}\b", flag, message)
+        elif message.startswith(f.name + " "):
+            message = flag + message[len(f.name):]
+    return message
 
 
 def check_before_load(config: EngineConfig):

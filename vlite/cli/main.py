@@ -41,21 +41,21 @@ app.command("generate")(generate.generate)
 def _register_optional() -> None:
     import importlib
 
-    for module, name in (("vlite.cli.serve", "serve"), ("vlite.cli.leak_check", "leak-check")):
+    try:
+        serve = importlib.import_module("vlite.cli.serve")
+    except ModuleNotFoundError as exc:
+        if exc.name != "vlite.cli.serve":
+            raise
+    else:
+        app.command("serve")(serve.serve)
+    for module, name in (("vlite.cli.leak_check", "leak-check"), ("vlite.cli.bench", "bench")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
             continue
-        app.command(name, **getattr(mod, "COMMAND_OPTIONS", {}))(getattr(mod, name.replace("-", "_")))
-    try:
-        bench = importlib.import_module("vlite.cli.bench")
-    except ModuleNotFoundError as exc:
-        if exc.name != "vlite.cli.bench":
-            raise
-    else:
-        app.add_typer(bench.app, name="bench")
+        app.add_typer(mod.app, name=name)
 
 
 _register_optional()
