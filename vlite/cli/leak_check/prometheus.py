@@ -24,7 +24,7 @@ PROM = {
     "instance_label": (str, typer.Option("instance", "--instance-label", rich_help_panel=o.PANEL_MODE, help=(
         "The label that tells the job's replicas apart (instance, or e.g. pod on Kubernetes)."))),
     "interval": (float | None, typer.Option(None, "--interval", rich_help_panel=o.PANEL_MODE, min=0.01,
-                                            help="The query step, seconds (default 15).")),
+                                            help="The query step, seconds (default: the interval Prometheus stored the samples at, else 15).")),
     **STUCK,
     "server_kind": (str, typer.Option("auto", "--server-kind", rich_help_panel=o.PANEL_MODE, help=(
         "auto (from the series), vlite, vllm, sglang, llamacpp, tgi or trtllm."))),
