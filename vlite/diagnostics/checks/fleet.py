@@ -246,3 +246,44 @@ def lines(result: dict) -> list[str]:
 
 def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:g}"
+
+
+def summary(result: dict) -> str:
+    """The fleet's one-line verdict: the fleet's verdict, each replica's (with the hop that lost
+    an abort) and the router's."""
+    per = ", ".join(f"{r['url']} {r['verdict']}" + (f" (hop {r['hop']})" if r["hop"] else "")
+                    for r in result["replicas"])
+    return f"{result['verdict']} - {per}; router {result['router']['verdict'] or 'not reconciled'}"
+
+
+@dataclass
+class FleetResult:
+    """The detail of a fleet's ``targets/base.TargetRun`` (a ``RunDetail``): ``doc`` is
+    ``judge_fleet``'s result plus what the run recorded (``targets/fleet.py``), or, for a run a
+    Ctrl-C stopped, ``{"verdict": "INTERRUPTED", "probes": [...]}``. It is also written as
+    fleet.json, which ``rejudge`` reads back."""
+
+    doc: dict
+
+    title = "vlite leak-check: fleet"
+    headline_first = False  # the probes were printed as they came; the verdict line ends the report
+
+    def sections(self) -> list:
+        """The report's sections (``report.fleet_report.sections``)."""
+        from vlite.diagnostics.report.fleet_report import sections
+
+        return sections(self.doc)
+
+    def to_json(self) -> dict:
+        """report.json's fields: the fleet's verdicts, facts and probes, as fleet.json holds them."""
+        return self.doc
+
+    def plots(self, out_dir) -> list[str]:
+        """None: a fleet's report has no plots."""
+        return []
+
+    def extra_files(self) -> dict[str, str]:
+        """fleet.json, the record ``rejudge`` and tests/interop/fleet.sh read."""
+        import json
+
+        return {"fleet.json": json.dumps(self.doc, indent=1, default=str)}
