@@ -267,6 +267,7 @@ class FleetResult:
 
     title = "vlite leak-check: fleet"
     headline_first = False  # the probes were printed as they came; the verdict line ends the report
+    timing_first = False
 
     def sections(self) -> list:
         """The report's sections (``report.fleet_report.sections``)."""

@@ -24,6 +24,7 @@ class RunResult:
 
     title = "vlite leak-check report"
     headline_first = True
+    timing_first = False
 
     # The report modules are imported when a report is made: they stand above the checks.
     def sections(self) -> list:

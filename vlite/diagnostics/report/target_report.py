@@ -64,9 +64,12 @@ def print_run_verdict(run: TargetRun, console: Console, prefix: str = "") -> Non
 
 def print_run(run: TargetRun, console: Console, timing: str | None = None) -> None:
     """The run's report on the terminal: the verdict line (where the mode opens with it), the
-    mode's sections, the notes, what a Ctrl-C stopped, and ``timing`` (requests, seconds and
-    samples, where the run sent requests)."""
+    mode's sections, the notes and what a Ctrl-C stopped; ``timing`` (requests, seconds and
+    samples, where the run sent requests) first or last, as the mode says (``timing_first``)."""
     detail = run.result
+    timing = timing if run.replay is not None else None  # no client ran: nothing was sent to time
+    if timing and detail.timing_first:
+        console.print(timing, highlight=False)
     if detail.headline_first:
         print_run_verdict(run, console)
     for s in detail.sections():
@@ -76,7 +79,7 @@ def print_run(run: TargetRun, console: Console, timing: str | None = None) -> No
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     if run.interrupted:
         console.print(f"[yellow]{escape(run.interrupted)}[/]", highlight=False)
-    if timing:
+    if timing and not detail.timing_first:
         console.print(timing, highlight=False)
 
 

@@ -94,10 +94,14 @@ class RunDetail(Protocol):
         title: report.md's heading ("vlite leak-check report (blackbox: vllm)").
         headline_first: the terminal report opens with the verdict line (False for a watch,
             whose idle points and alerts were printed as they came).
+        timing_first: the terminal report puts the timing line (requests, seconds, samples)
+            before the verdict line, not after the findings (a black box: what was sent, then
+            what it left).
     """
 
     title: str
     headline_first: bool
+    timing_first: bool
 
     def sections(self) -> list[Section]:
         """The mode's sections of the human reports, in order (between "Run" and "Notes")."""

@@ -175,6 +175,7 @@ class BlackboxResult:
 
     # Its ``RunDetail`` side: the report modules are imported when a report is made (they stand above targets).
     headline_first = True
+    timing_first = True
 
     @property
     def title(self) -> str:

@@ -107,6 +107,7 @@ class WatchResult:
 
     # Its ``RunDetail`` side: the report modules are imported when a report is made (they stand above targets).
     headline_first = False  # the idle points and alerts were printed as they came
+    timing_first = False
 
     @property
     def title(self) -> str:
