@@ -258,33 +258,10 @@ def summary(result: dict) -> str:
 
 @dataclass
 class FleetResult:
-    """The detail of a fleet's ``targets/base.TargetRun`` (a ``RunDetail``): ``doc`` is
+    """The detail of a fleet's ``targets/base.TargetRun``: ``doc`` is
     ``judge_fleet``'s result plus what the run recorded (``targets/fleet.py``), or, for a run a
     Ctrl-C stopped, ``{"verdict": "INTERRUPTED", "probes": [...]}``. It is also written as
     fleet.json, which ``rejudge`` reads back."""
 
     doc: dict
 
-    title = "vlite leak-check: fleet"
-    headline_first = False  # the probes were printed as they came; the verdict line ends the report
-    timing_first = False
-
-    def sections(self) -> list:
-        """The report's sections (``report.fleet_report.sections``)."""
-        from vlite.diagnostics.report.fleet_report import sections
-
-        return sections(self.doc)
-
-    def to_json(self) -> dict:
-        """report.json's fields: the fleet's verdicts, facts and probes, as fleet.json holds them."""
-        return self.doc
-
-    def plots(self, out_dir) -> list[str]:
-        """None: a fleet's report has no plots."""
-        return []
-
-    def extra_files(self) -> dict[str, str]:
-        """fleet.json, the record ``rejudge`` and tests/interop/fleet.sh read."""
-        import json
-
-        return {"fleet.json": json.dumps(self.doc, indent=1, default=str)}

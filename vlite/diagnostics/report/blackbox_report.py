@@ -267,29 +267,52 @@ def _as_run(res):
 
 
 def print_blackbox(res, console=None) -> None:
-    """The terminal report of a black-box or from-log result (``target_report.print_run``)."""
+    """The terminal report of a black-box or from-log result (``render.print_run``)."""
     from rich.console import Console
 
-    from vlite.diagnostics.report.target_report import print_run
+    from vlite.diagnostics.report.render import print_run
 
-    print_run(_as_run(res), console or Console())
+    print_run(_as_run(res), BlackboxView(res), console or Console())
 
 
 def report_markdown(res, plots: list[str]) -> str:
-    """report.md of a black-box or from-log result (``target_report.run_markdown``)."""
-    from vlite.diagnostics.report.target_report import run_markdown
+    """report.md of a black-box or from-log result (``render.run_markdown``)."""
+    from vlite.diagnostics.report.render import run_markdown
 
-    return run_markdown(_as_run(res), plots)
+    return run_markdown(_as_run(res), BlackboxView(res), plots)
 
 
 def write_blackbox_report(res, out_dir: Path) -> Path:
-    """Write the report directory of a black-box or from-log result (``target_report.write_run_report``);
+    """Write the report directory of a black-box or from-log result (``render.write_run_report``);
     returns ``out_dir``.
 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    from vlite.diagnostics.report.target_report import write_run_report
+    from vlite.diagnostics.report.render import write_run_report
 
-    write_run_report(_as_run(res), out_dir)
+    write_run_report(_as_run(res), BlackboxView(res), out_dir)
     return Path(out_dir)
+
+
+class BlackboxView:
+    """A black-box or from-log result as a ``RunDetail``."""
+
+    headline_first = True
+    timing_first = True  # what was sent, then what it left
+
+    def __init__(self, res) -> None:
+        self.res = res
+        self.title = f"vlite leak-check report ({res.source}: {res.server_kind})"
+
+    def sections(self) -> list[Section]:
+        return sections(self.res)
+
+    def to_json(self) -> dict:
+        return report_json(self.res)
+
+    def plots(self, out_dir) -> list[str]:
+        return write_plots(self.res, out_dir)
+
+    def extra_files(self) -> dict[str, str]:
+        return extra_files(self.res)

@@ -123,23 +123,23 @@ def _as_run(run, kind: str = "in-process") -> TargetRun:
 
 
 def print_report(run, console=None) -> None:
-    """The terminal report of an in-process or vlite-serve run (``target_report.print_run``)."""
+    """The terminal report of an in-process or vlite-serve run (``render.print_run``)."""
     from rich.console import Console
 
-    from vlite.diagnostics.report.target_report import print_run
+    from vlite.diagnostics.report.render import print_run
 
-    print_run(_as_run(run), console or Console())
+    print_run(_as_run(run), InProcessView(run), console or Console())
 
 
 def report_markdown(run, plots: list[str]) -> str:
-    """report.md of an in-process or vlite-serve run (``target_report.run_markdown``)."""
-    from vlite.diagnostics.report.target_report import run_markdown
+    """report.md of an in-process or vlite-serve run (``render.run_markdown``)."""
+    from vlite.diagnostics.report.render import run_markdown
 
-    return run_markdown(_as_run(run), plots)
+    return run_markdown(_as_run(run), InProcessView(run), plots)
 
 
 def write_report(run, out_dir):
-    """Write the report directory of an in-process or vlite-serve run (``target_report.write_run_report``);
+    """Write the report directory of an in-process or vlite-serve run (``render.write_run_report``);
     returns ``out_dir``.
 
     Raises:
@@ -147,7 +147,32 @@ def write_report(run, out_dir):
     """
     from pathlib import Path
 
-    from vlite.diagnostics.report.target_report import write_run_report
+    from vlite.diagnostics.report.render import write_run_report
 
-    write_run_report(_as_run(run), out_dir)
+    write_run_report(_as_run(run), InProcessView(run), out_dir)
     return Path(out_dir)
+
+
+class InProcessView:
+    """An in-process or vlite-serve run (findings, samples, replay) as a ``RunDetail``."""
+
+    title = _TITLE
+    headline_first = True
+    timing_first = False
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def sections(self) -> list[Section]:
+        return sections(self.run)
+
+    def to_json(self) -> dict:
+        return report_json(self.run)
+
+    def plots(self, out_dir) -> list[str]:
+        from vlite.diagnostics.report.plots import write_plots
+
+        return write_plots(self.run, out_dir)
+
+    def extra_files(self) -> dict[str, str]:
+        return {}

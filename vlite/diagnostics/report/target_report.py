@@ -1,142 +1,67 @@
 """The one reporter family: any target's run (``targets/base.TargetRun``) on the terminal (Rich),
 in report.json, report.md and report.html, with samples.csv, the PNG plots and the mode's extra
-files in the report directory.
+files in the report directory (formatted once, in ``render``).
 
 A run is the common header (kind, verdict, summary, run facts, notes, interrupted, ...) plus the
-mode's detail, which gives its sections, its report.json fields, its plots and its extra files
-(``targets/base.RunDetail``). Everything here reads that interface only, so every mode is printed
-and written the same way: ``print_run``, ``write_run_report``, ``print_run_verdict``.
+mode's detail, read through one interface (``targets/base.RunDetail``: sections, report.json
+fields, plots, extra files): the detail itself where it implements it, else the view its kind's
+section builders give (``report``, ``blackbox_report``, ``watch_report``, ``fleet_report``; the
+results stand below the reports and cannot name their builders). So every mode is printed and
+written the same way: ``print_run``, ``write_run_report``, ``print_run_verdict``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from vlite.diagnostics.report.html_report import write_html
-from vlite.diagnostics.report.writer import REPORT_VERSION, md_table
-from vlite.diagnostics.targets.base import Section, TargetRun
+from vlite.diagnostics.report import blackbox_report, fleet_report, render, report, watch_report
+from vlite.diagnostics.report.render import print_run_verdict, verdict_color
+from vlite.diagnostics.targets.base import RunDetail, TargetRun
 
-# Verdict colors on the terminal: CLEAN green; not a verdict on a leak yellow; every flag red.
-_YELLOW = ("INCONCLUSIVE", "INTERRUPTED")
+__all__ = ["detail_of", "print_run", "print_run_verdict", "run_json", "run_markdown", "verdict_color",
+           "write_run_report"]
 
-
-def verdict_color(verdict: str) -> str:
-    """The Rich color of ``verdict``: CLEAN green, INCONCLUSIVE / INTERRUPTED yellow, else red."""
-    return "green" if verdict == "CLEAN" else "yellow" if verdict in _YELLOW else "red"
+_VIEWS = {"in-process": report.InProcessView, "vlite-serve": report.InProcessView,
+          "blackbox": blackbox_report.BlackboxView, "log": blackbox_report.BlackboxView,
+          "watch": watch_report.WatchView, "prometheus": watch_report.WatchView, "fleet": fleet_report.FleetView}
 
 
-def _line(item) -> tuple[str, str | None]:
-    return item if isinstance(item, tuple) else (item, None)
+def detail_of(run: TargetRun) -> RunDetail:
+    """The run's detail as a ``RunDetail``: itself where it implements the interface, else the
+    view of its target kind.
 
-
-def _table(s: Section) -> Table:
-    table = Table(title=s.title, title_justify="left", show_lines=False)
-    for c in s.cols:
-        table.add_column(c, overflow="fold")
-    for r in s.rows[:s.terminal_limit]:
-        table.add_row(*["" if r.get(c) is None else escape(str(r.get(c))) for c in s.cols])
-    if len(s.rows) > s.terminal_limit:
-        table.caption = f"{len(s.rows) - s.terminal_limit} more rows in report.json"
-    return table
-
-
-def print_section(s: Section, console: Console) -> None:
-    """One section on the terminal: its text, its lines (each in its style), its table (left off
-    when empty)."""
-    if s.text:
-        console.print(s.text, highlight=False, markup=False)
-    for item in s.lines:
-        text, style = _line(item)
-        console.print(text, highlight=False, markup=False, style=style)
-    if s.rows:
-        console.print(_table(s))
-
-
-def print_run_verdict(run: TargetRun, console: Console, prefix: str = "") -> None:
-    """The one-line verdict, colored by ``verdict_color``."""
-    console.print(f"[bold {verdict_color(run.verdict)}]{escape(prefix + run.summary)}[/]", highlight=False)
+    Raises:
+        TypeError: neither (a kind no report knows).
+    """
+    if isinstance(run.result, RunDetail):
+        return run.result
+    view = _VIEWS.get(run.kind)
+    if view is None:
+        raise TypeError(f"a {run.kind} run holds a {type(run.result).__name__}: no report knows it")
+    return view(run.result)
 
 
 def print_run(run: TargetRun, console: Console, timing: str | None = None) -> None:
-    """The run's report on the terminal: the verdict line (where the mode opens with it), the
-    mode's sections, the notes and what a Ctrl-C stopped; ``timing`` (requests, seconds and
-    samples, where the run sent requests) first or last, as the mode says (``timing_first``)."""
-    detail = run.result
-    timing = timing if run.replay is not None else None  # no client ran: nothing was sent to time
-    if timing and detail.timing_first:
-        console.print(timing, highlight=False)
-    if detail.headline_first:
-        print_run_verdict(run, console)
-    for s in detail.sections():
-        if s.terminal:
-            print_section(s, console)
-    for note in run.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
-    if run.interrupted:
-        console.print(f"[yellow]{escape(run.interrupted)}[/]", highlight=False)
-    if timing and not detail.timing_first:
-        console.print(timing, highlight=False)
-
-
-def markdown_section(s: Section) -> str:
-    """One section in Markdown: "## title", its text, its lines (bullets), its table."""
-    out = [f"## {s.title}\n"] if s.title else []
-    if s.text:
-        out.append(s.text)
-    if s.lines:
-        out.append("\n".join(("- " if s.bullets else "") + _line(item)[0] for item in s.lines) + "\n")
-    if s.rows is not None:
-        out.append(md_table(s.rows, s.cols, s.limit))
-    return "\n".join(out)
+    """The run's report on the terminal (``render.print_run``)."""
+    render.print_run(run, detail_of(run), console, timing)
 
 
 def run_markdown(run: TargetRun, plots: list[str]) -> str:
-    """report.md: the heading and verdict, the run facts, the mode's sections, the notes, the plots."""
-    detail = run.result
-    verdict = run.verdict
-    out = [f"# {detail.title}\n", f"**{verdict}**{run.summary.removeprefix(verdict)}\n",
-           markdown_section(Section("Run", rows=[{"key": k, "value": v} for k, v in run.info.items()],
-                                    cols=("key", "value"), limit=100))]
-    out += [markdown_section(s) for s in detail.sections() if s.markdown]
-    out += ["## Notes\n", "\n".join(f"- {n}" for n in run.notes) or "_none_", ""]
-    if run.interrupted:
-        out += [f"_{run.interrupted}_\n"]
-    if plots:
-        out += ["## Plots\n", "\n".join(f"![{p}]({p})" for p in plots), ""]
-    return "\n".join(out)
+    """report.md of the run (``render.run_markdown``)."""
+    return render.run_markdown(run, detail_of(run), plots)
 
 
 def run_json(run: TargetRun) -> dict:
-    """report.json: the common header (version, kind, verdict, summary, exit code, run facts,
-    notes) and the mode's fields (``RunDetail.to_json``), which keep their names."""
-    head = {"version": REPORT_VERSION, "kind": run.kind, "verdict": run.verdict, "summary": run.summary,
-            "exit_code": run.exit_code, "interrupted": run.interrupted,
-            "headline_not_exercised": run.headline_not_exercised, "run": run.info, "notes": run.notes}
-    return head | run.result.to_json()
+    """report.json of the run (``render.run_json``)."""
+    return render.run_json(run, detail_of(run))
 
 
 def write_run_report(run: TargetRun, out_dir: Path) -> str:
-    """Write the run's report directory ``out_dir`` (created): report.json, samples.csv, the
-    plots, the mode's extra files, report.md and report.html (one file, plots embedded). Returns
-    the files written, in words ("report.json, report.md, report.html, samples.csv, *.png").
+    """Write the run's report directory (``render.write_run_report``); the files written, in words.
 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(run_json(run), indent=2, default=str))
-    run.samples.to_csv(out_dir / "samples.csv", index=False)
-    plots = list(run.result.plots(out_dir))
-    extra = run.result.extra_files()
-    for name, text in extra.items():
-        (out_dir / name).write_text(text)
-    md = run_markdown(run, plots)
-    (out_dir / "report.md").write_text(md)
-    write_html(out_dir, md, f"vlite leak-check {run.kind}: {run.verdict}")
-    return ", ".join(["report.json", "report.md", "report.html", "samples.csv", *extra, *(["*.png"] if plots else [])])
+    return render.write_run_report(run, detail_of(run), out_dir)

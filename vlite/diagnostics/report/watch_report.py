@@ -57,13 +57,36 @@ def report_json(res) -> dict:
 
 
 def write_watch_report(res, out_dir: Path) -> Path:
-    """Write the report directory of a watch (``target_report.write_run_report``); called at each
+    """Write the report directory of a watch (``render.write_run_report``); called at each
     idle point, so the report stays current. Returns ``out_dir``.
 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    from vlite.diagnostics.report.target_report import write_run_report
+    from vlite.diagnostics.report.render import write_run_report
 
-    write_run_report(res.as_target_run("watch"), out_dir)
+    write_run_report(res.as_target_run("watch"), WatchView(res), out_dir)
     return Path(out_dir)
+
+
+class WatchView:
+    """A watch or a Prometheus range as a ``RunDetail`` (no plots)."""
+
+    headline_first = False  # the idle points and alerts were printed as they came
+    timing_first = False
+
+    def __init__(self, res) -> None:
+        self.res = res
+        self.title = f"vlite leak-check --watch report ({res.server_kind})"
+
+    def sections(self) -> list[Section]:
+        return sections(self.res)
+
+    def to_json(self) -> dict:
+        return report_json(self.res)
+
+    def plots(self, out_dir) -> list[str]:
+        return []
+
+    def extra_files(self) -> dict[str, str]:
+        return {}

@@ -173,39 +173,6 @@ class BlackboxResult:
         return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes, self.replay,
                          headline_not_exercised=self.headline_not_exercised)
 
-    # Its ``RunDetail`` side: the report modules are imported when a report is made (they stand above targets).
-    headline_first = True
-    timing_first = True
-
-    @property
-    def title(self) -> str:
-        """report.md's heading: the source and the server's kind."""
-        return f"vlite leak-check report ({self.source}: {self.server_kind})"
-
-    def sections(self) -> list:
-        """The report's sections (``report.blackbox_report.sections``)."""
-        from vlite.diagnostics.report import blackbox_report
-
-        return blackbox_report.sections(self)
-
-    def to_json(self) -> dict:
-        """report.json's fields of this result (``report.blackbox_report.report_json``)."""
-        from vlite.diagnostics.report import blackbox_report
-
-        return blackbox_report.report_json(self)
-
-    def plots(self, out_dir) -> list[str]:
-        """Write the PNG plots into ``out_dir`` (``report.blackbox_report.write_plots``); their names."""
-        from vlite.diagnostics.report import blackbox_report
-
-        return blackbox_report.write_plots(self, out_dir)
-
-    def extra_files(self) -> dict[str, str]:
-        """reproducer.jsonl where a minimal set was reproduced."""
-        from vlite.diagnostics.report import blackbox_report
-
-        return blackbox_report.extra_files(self)
-
 
 def _rss(memory) -> int | None:
     return memory.read().get("rss_bytes")

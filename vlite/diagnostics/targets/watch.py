@@ -105,35 +105,6 @@ class WatchResult:
         """This result as the ``TargetRun`` of a target of ``kind`` ("watch" or "prometheus")."""
         return TargetRun(kind, self.verdict, self.summary, self, self.samples, self.info, self.notes)
 
-    # Its ``RunDetail`` side: the report modules are imported when a report is made (they stand above targets).
-    headline_first = False  # the idle points and alerts were printed as they came
-    timing_first = False
-
-    @property
-    def title(self) -> str:
-        """report.md's heading: the server's kind."""
-        return f"vlite leak-check --watch report ({self.server_kind})"
-
-    def sections(self) -> list:
-        """The report's sections (``report.watch_report.sections``)."""
-        from vlite.diagnostics.report import watch_report
-
-        return watch_report.sections(self)
-
-    def to_json(self) -> dict:
-        """report.json's fields of this watch (``report.watch_report.report_json``)."""
-        from vlite.diagnostics.report import watch_report
-
-        return watch_report.report_json(self)
-
-    def plots(self, out_dir) -> list[str]:
-        """None: a watch's report has no plots."""
-        return []
-
-    def extra_files(self) -> dict[str, str]:
-        """None besides the common files."""
-        return {}
-
 
 def _served(r: MetricsReading) -> float | None:
     """Requests the engine finished (any reason), else None."""
