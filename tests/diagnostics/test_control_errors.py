@@ -70,7 +70,7 @@ def test_a_blackbox_probe_that_gets_5xx_is_a_finding_and_the_verdict_says_so(poo
     answer 500: a CLEAN run becomes ENGINE-ERROR, and the report names each failed probe."""
     import json as _json
 
-    from vlite.diagnostics.report.blackbox_report import report_dict, report_markdown
+    from vlite.diagnostics.report.blackbox_report import report_json, report_markdown
     from vlite.diagnostics.targets.blackbox import run_blackbox, split_waves
     from vlite.diagnostics.targets.connection import connect
     from vlite.diagnostics.workload.sources import synthetic_workload
@@ -100,5 +100,5 @@ def test_a_blackbox_probe_that_gets_5xx_is_a_finding_and_the_verdict_says_so(poo
                                     for e in errors)
     assert "500 Internal Server Error" in errors[0]["exception"]
     assert [p["status"] for p in res.probes] == [500, 500, 500]
-    assert report_dict(res)["engine_errors"] == errors
+    assert report_json(res)["engine_errors"] == errors
     assert "## Control requests that failed" in report_markdown(res, []) and "Traceback" in report_markdown(res, [])

@@ -13,12 +13,29 @@ import time
 import pandas as pd
 import pytest
 
-from vlite.diagnostics.report.writer import write_report_dir
+from vlite.diagnostics.report.render import write_run_report
+from vlite.diagnostics.targets.base import TargetRun
+
+
+class _Detail:
+    title, headline_first, timing_first = "a run", True, False
+
+    def sections(self):
+        return []
+
+    def to_json(self) -> dict:
+        return {}
+
+    def plots(self, out_dir) -> list[str]:
+        return []
+
+    def extra_files(self) -> dict[str, str]:
+        return {}
 
 
 def _write(out, verdict: str) -> None:
-    write_report_dir(out, {"verdict": verdict}, pd.DataFrame({"t": [1.0]}), lambda d: [],
-                     lambda plots: f"**{verdict}**\n")
+    run = TargetRun("watch", verdict, verdict, None, pd.DataFrame({"t": [1.0]}), {}, [])
+    write_run_report(run, _Detail(), out)
 
 
 class _Interrupted(io.StringIO):
@@ -44,7 +61,7 @@ def test_an_interrupted_rewrite_keeps_the_last_complete_report(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         _write(out, "LEAK")
     monkeypatch.undo()
-    assert json.loads((out / "report.json").read_text()) == {"verdict": "CLEAN"}
+    assert json.loads((out / "report.json").read_text())["verdict"] == "CLEAN"
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md", "samples.csv"]
 
 

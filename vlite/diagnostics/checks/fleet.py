@@ -258,3 +258,22 @@ def lines(result: dict) -> list[str]:
 
 def _num(v: float | None) -> str:
     return "n/a" if v is None else f"{v:g}"
+
+
+def summary(result: dict) -> str:
+    """The fleet's one-line verdict: the fleet's verdict, each replica's (with the hop that lost
+    an abort) and the router's."""
+    per = ", ".join(f"{r['url']} {r['verdict']}" + (f" (hop {r['hop']})" if r["hop"] else "")
+                    for r in result["replicas"])
+    return f"{result['verdict']} - {per}; router {result['router']['verdict'] or 'not reconciled'}"
+
+
+@dataclass
+class FleetResult:
+    """The detail of a fleet's ``targets/base.TargetRun``: ``doc`` is
+    ``judge_fleet``'s result plus what the run recorded (``targets/fleet.py``), or, for a run a
+    Ctrl-C stopped, ``{"verdict": "INTERRUPTED", "probes": [...]}``. It is also written as
+    fleet.json, which ``rejudge`` reads back."""
+
+    doc: dict
+

@@ -1,6 +1,7 @@
 """RunResult: a finished in-process or vlite-serve run (``targets/inprocess.py``,
-``targets/http.py``): the findings, the samples and the replay's results. The other targets
-return their own results; every target's run reaches the command as a ``targets/base.TargetRun``."""
+``targets/http.py``): the findings, the samples and the replay's results. It is the detail of
+such a run's ``targets/base.TargetRun``; its report (``report/report.py``) reads it through a
+``RunDetail`` view."""
 
 from __future__ import annotations
 
@@ -20,3 +21,4 @@ class RunResult:
     samples: pd.DataFrame
     replay: ReplayResult
     info: dict = field(default_factory=dict)
+

@@ -1,2 +1,3 @@
-"""How the leak checker tells it: the terminal verdict and tables, and the report directory,
-written by one writer (``writer.write_report_dir``) for every target."""
+"""How the leak checker tells it: one reporter family (``target_report``) prints and writes any
+target's run (terminal, report.json, report.md, report.html, samples.csv, plots); the per-mode
+modules (``report``, ``blackbox_report``, ``watch_report``, ``fleet_report``) build its sections."""

@@ -1,11 +1,12 @@
-"""Reports of a black-box check or a ``--from-log`` post-mortem: the terminal verdict (Rich) and
-the report directory: report.json, samples.csv, report.md (with the reproducer as curl
-commands), report.html (one file, plots embedded), reproducer.jsonl and PNG plots.
-The schema of report.json is documented in docs/leak-check.md.
+"""The sections of a black-box check or a ``--from-log`` post-mortem: pure functions from the
+result's facts to ``Section``s and report.json fields, its PNG plots, and reproducer.jsonl (with
+the reproducer as curl commands in report.md). ``report/target_report.py`` formats and writes
+them; the schema of report.json is documented in docs/leak-check.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import asdict
@@ -16,15 +17,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
-from rich.console import Console
-from rich.markup import escape
 
 from vlite.diagnostics.checks import engine_errors
 from vlite.diagnostics.checks.storm import lines as storm_lines
-from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.report.plots import save_figure
-from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
-from vlite.diagnostics.targets.blackbox import BlackboxResult, action_text
+from vlite.diagnostics.report.writer import trend_line
+from vlite.diagnostics.targets.base import Section
+from vlite.diagnostics.targets.blackbox import action_text
 from vlite.diagnostics.targets.zombie_blackbox import lines as zombie_lines
 
 MIB = 1 << 20
@@ -39,44 +38,29 @@ def _fmt_trend(t) -> str:
     return trend_line(t).replace("num_used_blocks", "kv_used")
 
 
-def print_blackbox_verdict(res: BlackboxResult, console: Console, prefix: str = "") -> None:
-    """The one-line verdict (LEAK red, INCONCLUSIVE yellow, CLEAN green)."""
-    color = {Verdict.CLEAN: "green", Verdict.LEAK: "red", Verdict.ZOMBIE: "red", Verdict.INCONCLUSIVE: "yellow",
-             Verdict.WEDGED: "red", Verdict.EMPTY_OUTPUT: "red", Verdict.OUTPUT_DRIFT: "red",
-             Verdict.ENGINE_ERROR: "red"}[res.verdict]
-    console.print(f"[bold {color}]{escape(prefix + res.summary)}[/]", highlight=False)
-
-
-def print_blackbox(res: BlackboxResult, console: Console | None = None) -> None:
-    """The verdict line, the residual, the fit and suspects, the trends and the notes."""
-    console = console or Console()
-    print_blackbox_verdict(res, console)
+def terminal_lines(res) -> list[str]:
+    """The terminal's lines: the server and its residual, the probes, the suspects, the trends,
+    the zombie and storm checks."""
     bs = f", block_size {res.block_size} tokens (read from the server)" if res.block_size else ""
     total = f" of {res.kv_total:g}" if res.kv_total else ""
-    console.print(f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}", highlight=False)
-    console.print(kv_moments(res), highlight=False)
+    out = [f"server: {res.server_kind}{bs}; KV used in {res.unit}{total}", kv_moments(res)]
     if res.probes:
         last = res.probes[-1]
-        console.print(f"probes: {len(res.probes)} 1-token requests, each after an idle point; the last one (after "
-                      f"{last['after']}): KV used {_v(last['kv_used_before'])} -> {_v(last['kv_used_after'])} "
-                      f"{res.unit}", highlight=False)
+        out.append(f"probes: {len(res.probes)} 1-token requests, each after an idle point; the last one (after "
+                   f"{last['after']}): KV used {_v(last['kv_used_before'])} -> {_v(last['kv_used_after'])} {res.unit}")
     for s in res.suspects:
         per = next(v for k, v in s.items() if k.endswith("per_request"))
-        console.print(f"suspect: {s['client_action']}: {per:g} {res.unit}/request (95% CI {s['ci95'][0]:g} .. "
-                      f"{s['ci95'][1]:g}); minimal set {s['request_ids'] or '(not reproduced)'}", highlight=False)
-    for t in res.trends:
-        console.print(_fmt_trend(t), highlight=False)
-    for line in zombie_lines(res.zombies):
-        console.print(f"zombie check: {line}", highlight=False)
-    for line in storm_lines(res.storm):
-        console.print(f"storm check: {line}", highlight=False)
-    for line in engine_errors.lines(res.replay.engine_errors):  # one line each; report.json has the traceback
-        console.print(line.replace("engine raised", "server failed", 1), highlight=False, markup=False, style="red")
-    for n in res.notes:
-        console.print(f"[yellow]note:[/] {n}", highlight=False)
+        out.append(f"suspect: {s['client_action']}: {per:g} {res.unit}/request (95% CI {s['ci95'][0]:g} .. "
+                   f"{s['ci95'][1]:g}); minimal set {s['request_ids'] or '(not reproduced)'}")
+    out += [_fmt_trend(t) for t in res.trends]
+    out += [f"zombie check: {line}" for line in zombie_lines(res.zombies)]
+    out += [f"storm check: {line}" for line in storm_lines(res.storm)]
+    # one line each (report.json has the traceback); over HTTP the engine's failure is the server's
+    out += [(line.replace("engine raised", "server failed", 1), "red") for line in engine_errors.lines(res.replay.engine_errors)]
+    return out
 
 
-def kv_moments(res: BlackboxResult) -> str:
+def kv_moments(res) -> str:
     """KV used at each moment the report names, in the server's unit: the baseline, after the
     waves (what the verdict judged) and when the check ended (after bisection, zombie and storm
     requests, which may leak more)."""
@@ -91,8 +75,8 @@ def kv_moments(res: BlackboxResult) -> str:
     return line
 
 
-def report_dict(res: BlackboxResult) -> dict:
-    """The machine-readable report (report.json)."""
+def report_json(res) -> dict:
+    """The result's fields of report.json."""
     outcomes: dict[str, int] = {}
     for r in res.replay.requests:
         outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
@@ -103,17 +87,15 @@ def report_dict(res: BlackboxResult) -> dict:
         if d["metric"] == "num_used_blocks":
             d["metric"] = f"kv_used ({res.unit})"
         trends.append(d)
-    return {"version": REPORT_VERSION, "verdict": res.verdict, "summary": res.summary, "server_kind": res.server_kind,
-            "source": res.source, "run": res.info,
+    return {"server_kind": res.server_kind, "source": res.source,
             "drain": {"unit": res.unit, "block_size": res.block_size, "kv_total": res.kv_total,
                       "baseline": res.baseline, "final": res.final, "residual": res.residual,
-                      "kv_at_end": res.kv_at_end,
-                      "probes": res.probes},
+                      "kv_at_end": res.kv_at_end, "probes": res.probes},
             "trends": trends,
             "cardinality": res.cardinality,  # /metrics series per family (checks/cardinality.py)
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
-            "zombies": res.zombies, "storm": res.storm, "process_tree": res.process_tree, "notes": res.notes,
+            "zombies": res.zombies, "storm": res.storm, "process_tree": res.process_tree,
             "engine_errors": res.replay.engine_errors,
             "client": {"outcomes": outcomes, "requests": [asdict(r) for r in res.replay.requests]},
             "idle_points": [asdict(p) | {"kv_used": p.num_used_blocks} for p in res.replay.idle_points]}
@@ -149,57 +131,59 @@ def curl_command(spec, base_url: str) -> str:
     return f"{head} {data}"
 
 
-def report_markdown(res: BlackboxResult, plots: list[str]) -> str:
+def markdown_sections(res) -> list[Section]:
+    """report.md's sections: the drain, the trend, the suspects and the fit, the bisection, the
+    reproducer (as a command and as curl), the zombie and storm checks, the process tree."""
     base = res.info.get("url", "http://127.0.0.1:8000")
     unit_key = f"{res.unit}_per_request" if res.unit in ("blocks", "tokens") else "per_request"
     suspects = [s | {"ci95": f"{s['ci95'][0]:g} .. {s['ci95'][1]:g}", "request_ids": ", ".join(s["request_ids"])}
                 for s in res.suspects]
     fit = [r | {"ci95": f"{r['ci95'][0]:.3g} .. {r['ci95'][1]:.3g}", "per_request": f"{r['per_request']:.3g}"}
            for r in res.fit]
-    out = [f"# vlite leak-check report ({res.source}: {res.server_kind})\n", f"**{res.verdict}**: "
-           f"{res.summary.split(': ', 1)[-1]}\n", "## Run\n",
-           md_table([{"key": k, "value": v} for k, v in res.info.items()], ("key", "value"), 100),
-           "## Drain (KV used at idle, after a 1-token probe)\n",
-           f"unit: {res.unit}; block_size: {_v(res.block_size)}"
-           f"{' (read from the server)' if res.block_size else ' (the server does not say)'}; pool: {_v(res.kv_total)}; "
-           f"{kv_moments(res)}\n",
-           md_table(res.probes, ("after", "request_id", "status", "kv_used_before", "kv_used_after"), 50),
-           "## Trend (troughs at idle points)\n", "\n".join(f"- {_fmt_trend(t)}" for t in res.trends) + "\n",
-           "## Suspects (black-box attribution)\n",
-           md_table(suspects, ("client_action", unit_key, "ci95", "requests_sent", "request_ids")),
-           "\nFit of the residual increments per wave on the per-wave action counts (non-negative least squares, "
-           "95% bootstrap interval over waves):\n\n",
-           md_table(fit, ("client_action", "per_request", "ci95", "requests")),
-           "\n## Bisection\n", md_table(res.bisection, ("suspect", "tested", "leaked", "delta"), 50)]
+    drain = (f"unit: {res.unit}; block_size: {_v(res.block_size)}"
+             f"{' (read from the server)' if res.block_size else ' (the server does not say)'}; pool: "
+             f"{_v(res.kv_total)}; {kv_moments(res)}\n")
+    out = [Section("Drain (KV used at idle, after a 1-token probe)", text=drain, rows=res.probes, limit=50,
+                   cols=("after", "request_id", "status", "kv_used_before", "kv_used_after")),
+           Section("Trend (troughs at idle points)", lines=[_fmt_trend(t) for t in res.trends]),
+           Section("Suspects (black-box attribution)", rows=suspects,
+                   cols=("client_action", unit_key, "ci95", "requests_sent", "request_ids")),
+           Section(text="Fit of the residual increments per wave on the per-wave action counts (non-negative least "
+                        "squares, 95% bootstrap interval over waves):\n", rows=fit,
+                   cols=("client_action", "per_request", "ci95", "requests")),
+           Section("Bisection", rows=res.bisection, cols=("suspect", "tested", "leaked", "delta"), limit=50)]
     if res.reproducer:
-        out += ["\n## Reproducer\n", "`reproducer.jsonl` in this directory replays the minimal set:\n\n",
-                f"```\nvlite leak-check --url {base} --workload reproducer.jsonl --blackbox\n```\n\n",
-                "The same requests with curl (client actions approximated by curl's timeouts and `head`):\n\n```\n",
-                "\n".join(curl_command(s, base) for s in res.reproducer), "\n```\n"]
+        out.append(Section("Reproducer", text=(
+            "`reproducer.jsonl` in this directory replays the minimal set:\n\n"
+            f"```\nvlite leak-check --url {base} --workload reproducer.jsonl --blackbox\n```\n\n"
+            "The same requests with curl (client actions approximated by curl's timeouts and `head`):\n\n```\n"
+            + "\n".join(curl_command(s, base) for s in res.reproducer) + "\n```\n")))
     if res.zombies:
         z = res.zombies
-        out += ["\n## Zombie requests (the server after each early-leaving client left)\n",
-                f"One request at a time on an idle server, max_tokens {z['max_tokens']}.\n\n",
-                md_table(z["actions"], ("client_action", "requests", "zombies", "tokens_after_leaving",
-                                        "generating_s", "running_s", "aborts_counted", "request_id")),
-                "\n" + "\n".join(f"- {line}" for line in zombie_lines(z)) + "\n"]
-        for a in z["zombies"]:
-            out += [f"\nReproducer ({a['client_action']}):\n\n```\n{a['reproducer']}\n```\n"]
+        out += [Section("Zombie requests (the server after each early-leaving client left)",
+                        text=f"One request at a time on an idle server, max_tokens {z['max_tokens']}.\n", rows=z["actions"],
+                        cols=("client_action", "requests", "zombies", "tokens_after_leaving", "generating_s",
+                              "running_s", "aborts_counted", "request_id")),
+                Section(lines=zombie_lines(z))]
+        out += [Section(text=f"Reproducer ({a['client_action']}):\n\n```\n{a['reproducer']}\n```\n")
+                for a in z["zombies"]]
     if res.storm:
-        out += ["\n## After the abort storm (wedge probe, output canary)\n",
-                "\n".join(f"- {line}" for line in storm_lines(res.storm)) + "\n"]
-    if res.process_tree:
-        out += ["\n## Server process tree (last sample)\n",
-                md_table(res.process_tree, ("pid", "name", "rss_bytes", "gpu_bytes"))]
+        out.append(Section("After the abort storm (wedge probe, output canary)", lines=storm_lines(res.storm)))
     if res.replay.engine_errors:
-        out += ["\n## Control requests that failed (5xx, dropped connection)\n",
-                engine_errors.markdown(res.replay.engine_errors)]
-    out += ["\n## Notes\n", "\n".join(f"- {n}" for n in res.notes) or "_none_", "\n\n## Plots\n",
-            "\n".join(f"![{p}]({p})" for p in plots), ""]
-    return "\n".join(out)
+        out.append(Section("Control requests that failed (5xx, dropped connection)",
+                           text=engine_errors.markdown(res.replay.engine_errors)))
+    if res.process_tree:
+        out.append(Section("Server process tree (last sample)", rows=res.process_tree,
+                           cols=("pid", "name", "rss_bytes", "gpu_bytes")))
+    return [dataclasses.replace(x, terminal=False) for x in out]
 
 
-def plot_usage(res: BlackboxResult, path: Path) -> None:
+def sections(res) -> list[Section]:
+    """Every section of a black-box or from-log result: the terminal's lines, then report.md's."""
+    return [Section(lines=terminal_lines(res), markdown=False)] + markdown_sections(res)
+
+
+def plot_usage(res, path: Path) -> None:
     """KV used over time (the server's unit) with running and waiting requests, idle points marked."""
     df = res.samples
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
@@ -225,7 +209,7 @@ def plot_usage(res: BlackboxResult, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def plot_memory(res: BlackboxResult, path: Path) -> None:
+def plot_memory(res, path: Path) -> None:
     """RSS of the server's process tree (and its GPU memory) over time, MiB."""
     df = res.samples
     fig, ax = plt.subplots(figsize=(10, 3.5))
@@ -245,7 +229,7 @@ def plot_memory(res: BlackboxResult, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def plot_fit(res: BlackboxResult, path: Path) -> None:
+def plot_fit(res, path: Path) -> None:
     """KV units left per request by client action (the fit), with the 95% intervals."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
     rows = res.fit
@@ -265,7 +249,7 @@ def plot_fit(res: BlackboxResult, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def plot_troughs(res: BlackboxResult, path: Path) -> None:
+def plot_troughs(res, path: Path) -> None:
     pts = res.replay.idle_points
     trend = res.trends[0] if res.trends else None
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -273,8 +257,8 @@ def plot_troughs(res: BlackboxResult, path: Path) -> None:
     ax.plot(xs, [p.num_used_blocks for p in pts], "o", label=f"KV used at idle points ({res.unit})")
     if trend is not None and trend.slope is not None:
         ax.plot(xs, [trend.intercept + trend.slope * x for x in xs], "-", color="tab:orange",
-                label=f"fit: {trend.slope:.3g} {res.unit} per {trend.x_unit}")
-    ax.set_xlabel("requests completed" if res.source == "blackbox" else "idle stretch (0 = the first)")
+                label=f"fit: {trend.slope:.3g} {res.unit}/request")
+    ax.set_xlabel("requests completed" if res.source == "blackbox" else "stats line")
     ax.set_ylabel(res.unit)
     ax.set_title("Troughs: a clean server returns to its baseline at every idle point", fontsize=10)
     ax.legend(fontsize=8)
@@ -282,23 +266,75 @@ def plot_troughs(res: BlackboxResult, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def write_blackbox_report(res: BlackboxResult, out_dir: Path) -> Path:
-    """Write report.json, samples.csv, report.md, report.html, reproducer.jsonl (when there is one)
-    and the PNG plots into ``out_dir`` (created).
+def write_plots(res, out_dir: Path) -> list[str]:
+    """Write usage.png, memory.png, troughs.png and attribution.png into ``out_dir``; none for a
+    log judged by its server messages alone (nothing over time to plot). Returns the file names."""
+    if res.samples.empty:
+        return []
+    plots = {"usage.png": plot_usage, "memory.png": plot_memory, "troughs.png": plot_troughs, "attribution.png": plot_fit}
+    for name, fn in plots.items():
+        fn(res, Path(out_dir) / name)
+    return list(plots)
+
+
+def extra_files(res) -> dict[str, str]:
+    """reproducer.jsonl, where a minimal set was reproduced."""
+    if not res.reproducer:
+        return {}
+    return {"reproducer.jsonl": "".join(json.dumps(_trace_row(s)) + "\n" for s in res.reproducer)}
+
+
+def _as_run(res):
+    return res.as_target_run("blackbox" if res.source == "blackbox" else res.source)
+
+
+def print_blackbox(res, console=None) -> None:
+    """The terminal report of a black-box or from-log result (``render.print_run``)."""
+    from rich.console import Console
+
+    from vlite.diagnostics.report.render import print_run
+
+    print_run(_as_run(res), BlackboxView(res), console or Console())
+
+
+def report_markdown(res, plots: list[str]) -> str:
+    """report.md of a black-box or from-log result (``render.run_markdown``)."""
+    from vlite.diagnostics.report.render import run_markdown
+
+    return run_markdown(_as_run(res), BlackboxView(res), plots)
+
+
+def write_blackbox_report(res, out_dir: Path) -> Path:
+    """Write the report directory of a black-box or from-log result (``render.write_run_report``);
+    returns ``out_dir``.
 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    plots = {"usage.png": plot_usage, "memory.png": plot_memory, "troughs.png": plot_troughs, "attribution.png": plot_fit}
-    if res.samples.empty:  # a log judged by its server messages alone: nothing over time to plot
-        plots = {}
+    from vlite.diagnostics.report.render import write_run_report
 
-    def write_plots(d: Path) -> list[str]:
-        for name, fn in plots.items():
-            fn(res, d / name)
-        return list(plots)
+    write_run_report(_as_run(res), BlackboxView(res), out_dir)
+    return Path(out_dir)
 
-    extra = ({"reproducer.jsonl": "".join(json.dumps(_trace_row(s)) + "\n" for s in res.reproducer)}
-             if res.reproducer else None)
-    return write_report_dir(out_dir, report_dict(res), res.samples, write_plots,
-                            lambda names: report_markdown(res, names), f"vlite leak-check: {res.verdict}", extra)
+
+class BlackboxView:
+    """A black-box or from-log result as a ``RunDetail``."""
+
+    headline_first = True
+    timing_first = True  # what was sent, then what it left
+
+    def __init__(self, res) -> None:
+        self.res = res
+        self.title = f"vlite leak-check report ({res.source}: {res.server_kind})"
+
+    def sections(self) -> list[Section]:
+        return sections(self.res)
+
+    def to_json(self) -> dict:
+        return report_json(self.res)
+
+    def plots(self, out_dir) -> list[str]:
+        return write_plots(self.res, out_dir)
+
+    def extra_files(self) -> dict[str, str]:
+        return extra_files(self.res)

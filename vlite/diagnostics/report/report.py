@@ -1,90 +1,24 @@
-"""Leak-check reports: the terminal verdict and tables (Rich), and the report directory
-(report.json, samples.csv, report.md, PNG plots). report.json is documented in docs/leak-check.md.
+"""The sections of an in-process or ``vlite serve`` run's report: pure functions from the run's
+findings (``checks/detect.Findings``), samples and replay to ``Section``s and report.json fields.
+``report/target_report.py`` formats them; report.json is documented in docs/leak-check.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from vlite.diagnostics.checks import engine_errors
-from vlite.diagnostics.checks.verdict import Verdict
-from vlite.diagnostics.report.writer import REPORT_VERSION, md_table, trend_line, write_report_dir
+from vlite.diagnostics.report.writer import trend_line
+from vlite.diagnostics.targets.base import Section, TargetRun
 
 _BLOCK_COLS = ("request_id", "client_action", "status", "finish_reason", "site", "step", "age_s", "suspected_path",
                "evidence")
 _REQ_COLS = ("request_id", "client_action", "finish_reason", "blocks", "sites", "step", "age_s", "suspected_path")
-
-
-def _table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for c in cols:
-        table.add_column(c, overflow="fold")
-    for r in rows[:limit]:
-        table.add_row(*["" if r.get(c) is None else escape(str(r.get(c))) for c in cols])
-    if len(rows) > limit:
-        table.caption = f"{len(rows) - limit} more rows in report.json"
-    return table
-
-
-def print_verdict(findings, console: Console, prefix: str = "") -> None:
-    """The one-line verdict (LEAK and HOST-LEAK red, ZOMBIE or INCONCLUSIVE yellow, CLEAN green)."""
-    f = findings
-    verdict = f.verdict
-    red = (Verdict.LEAK, Verdict.ENGINE_ERROR, Verdict.HOST_LEAK, Verdict.WEDGED, Verdict.EMPTY_OUTPUT, Verdict.OUTPUT_DRIFT)
-    color = "red" if verdict in red else "green" if verdict == Verdict.CLEAN else "yellow"
-    console.print(f"[bold {color}]{escape(prefix + f.summary())}[/]", highlight=False)
-
-
-def print_report(run, console: Console | None = None) -> None:
-    """Print the verdict line, leaked blocks by origin and by site, CPU-side state and trends."""
-    console = console or Console()
-    f = run.findings
-    d = f.drain
-    print_verdict(f, console)
-    console.print(f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
-                  f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})", highlight=False)
-    if f.by_action:
-        console.print(_table("Leaked blocks by client action", f.by_action,
-                             ("action_kind", "blocks", "references", "requests")))
-        console.print(_table("Leaked blocks by allocation site", f.by_site, ("site", "blocks", "references",
-                                                                             "requests")))
-        console.print(_table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12))
-    if f.anomalies:
-        console.print(_table("Ledger anomalies", f.anomalies, ("kind", "block_id", "request_id", "client_action",
-                                                               "step", "release_sites")))
-    cpu = f.cpu_state
-    if cpu["orphan_block_tables"]:
-        console.print(_table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"],
-                             ("seq_id", "num_blocks", "request_id", "client_action", "finish_reason")))
-    if cpu["leftover_requests"]:
-        console.print(_table("Per-request entries left behind", cpu["leftover_requests"],
-                             ("request_id", "state", "client_action", "client_outcome")))
-    if f.unattributed:
-        console.print(_table("Unattributed blocks (not free at idle, no ledger entry)", f.unattributed,
-                             ("block_id", "ref_count", "evidence")))
-    if f.census and f.census["held"]:
-        console.print(_table("Ended requests still held at idle (request-id census)", f.census["held"],
-                             ("path", "kind", "num_entries", "request_ids", "client_actions")))
-    if f.registries and (f.registries["leftover"] or f.registries["over_bound"]):
-        console.print(_table("Per-request registries not empty at idle", f.registries["leftover"],
-                             ("registry", "entries", "holds")))
-        if f.registries["over_bound"]:
-            console.print(_table("Bounded histories out of bounds", f.registries["over_bound"],
-                                 ("history", "size", "bound", "problem")))
-    for t in f.trends:
-        console.print(trend_line(t), highlight=False, markup=False)
-    for line in engine_errors.lines(f.engine_errors):  # one line each; report.json has the traceback
-        console.print(line, highlight=False, markup=False, style="red")
-    for line in extra_lines(f):
-        style = "yellow" if line.startswith(("not exercised", Verdict.ZOMBIE, Verdict.HOST_LEAK)) else None
-        console.print(line, highlight=False, markup=False, style=style)
-    for note in f.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+_ORPHAN_COLS = ("seq_id", "num_blocks", "request_id", "client_action", "finish_reason")
+_LEFTOVER_COLS = ("request_id", "state", "client_action", "client_outcome")
+_ANOMALY_COLS = ("kind", "block_id", "request_id", "client_action", "step", "release_sites")
+_CENSUS_COLS = ("path", "kind", "num_entries", "request_ids", "client_actions")
+_TITLE = "vlite leak-check report"
 
 
 def extra_lines(f) -> list[str]:
@@ -111,64 +45,138 @@ def extra_lines(f) -> list[str]:
     return out
 
 
-def report_dict(run) -> dict:
-    """The machine-readable report (the schema of report.json)."""
+def _styled(line: str) -> tuple[str, str | None]:
+    return line, "yellow" if line.startswith(("not exercised", "ZOMBIE", "HOST-LEAK")) else None
+
+
+def terminal_sections(f) -> list[Section]:
+    """The terminal's view: the drain invariant, the leaked blocks by origin and by site, the
+    CPU-side state, the trends and the coverage lines (tables only where they have rows)."""
+    d = f.drain
+    cpu, reg, census = f.cpu_state, f.registries or {}, f.census or {}
+
+    def table(title: str, rows: list[dict], cols: tuple[str, ...], limit: int = 20) -> Section:
+        return Section(title, rows=rows, cols=cols, terminal_limit=limit, markdown=False)
+
+    out = [Section(lines=[f"drain invariant: free {d.num_free_blocks} + cached {d.num_cached_blocks} vs total "
+                          f"{d.num_total_blocks} blocks -> mismatch {d.mismatch_blocks:+d} ({d.sign})"], markdown=False)]
+    if f.by_action:
+        out += [table("Leaked blocks by client action", f.by_action, ("action_kind", "blocks", "references", "requests")),
+                table("Leaked blocks by allocation site", f.by_site, ("site", "blocks", "references", "requests")),
+                table("Leaked blocks by owner request (oldest first)", f.by_request, _REQ_COLS, limit=12)]
+    out += [table("Ledger anomalies", f.anomalies, _ANOMALY_COLS),
+            table("Orphan block tables (CPU-side, sequence finished)", cpu["orphan_block_tables"], _ORPHAN_COLS),
+            table("Per-request entries left behind", cpu["leftover_requests"], _LEFTOVER_COLS),
+            table("Unattributed blocks (not free at idle, no ledger entry)", f.unattributed,
+                  ("block_id", "ref_count", "evidence")),
+            table("Ended requests still held at idle (request-id census)", census.get("held", []), _CENSUS_COLS),
+            table("Per-request registries not empty at idle", reg.get("leftover", []), ("registry", "entries", "holds")),
+            table("Bounded histories out of bounds", reg.get("over_bound", []), ("history", "size", "bound", "problem"))]
+    errors = [(line, "red") for line in engine_errors.lines(f.engine_errors)]  # one line each; report.json has the traceback
+    out.append(Section(lines=[trend_line(t) for t in f.trends] + errors + [_styled(x) for x in extra_lines(f)],
+                       markdown=False))
+    return out
+
+
+def markdown_sections(f) -> list[Section]:
+    """report.md's view: every table in full (up to its limit), "_none_" where empty."""
+    d, reg = f.drain, f.registries or {}
+
+    def md(title: str | None, rows: list[dict], cols: tuple[str, ...], text: str | None = None) -> Section:
+        return Section(title, text=text, rows=rows, cols=cols, terminal=False)
+
+    drain = (f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} "
+             f"blocks: mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess "
+             f"frees {d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n")
+    return [Section("Drain invariant (at quiescence)", text=drain, terminal=False),
+            Section("Trend (troughs at idle points)", lines=[trend_line(t) for t in f.trends], terminal=False),
+            Section("Coverage, zombie requests, registries", lines=extra_lines(f), terminal=False),
+            md("Unattributed blocks (not free at idle, no ledger entry)", f.unattributed,
+               ("block_id", "ref_count", "evidence")),
+            md("Zombie requests (outlived their clients)", (f.zombies or {}).get("zombies", []),
+               ("request_id", "client_action", "outlived_s", "outlived_steps", "tokens_after_leaving")),
+            md("Per-request registries not empty at idle", reg.get("leftover", []) + reg.get("over_bound", []),
+               ("registry", "history", "entries", "size", "bound", "holds")),
+            md("Ended requests still held (request-id census)", (f.census or {}).get("held", []), _CENSUS_COLS),
+            md("Leaked blocks by client action", f.by_action, ("action_kind", "blocks", "references", "requests")),
+            md("Leaked blocks by allocation site", f.by_site, ("site", "blocks", "references", "requests")),
+            md("Leaked blocks by owner request", f.by_request, _REQ_COLS),
+            md("Blocks still held", f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
+            md("Ledger anomalies", f.anomalies, _ANOMALY_COLS),
+            md("CPU-side state", f.cpu_state["orphan_block_tables"], _ORPHAN_COLS, text="Orphan block tables:\n"),
+            md(None, f.cpu_state["leftover_requests"], _LEFTOVER_COLS, text="Per-request entries left behind:\n"),
+            Section("Exceptions from the engine", text=engine_errors.markdown(f.engine_errors), terminal=False)]
+
+
+def sections(run) -> list[Section]:
+    """Every section of an in-process or vlite-serve run (``run``: its findings, samples, replay)."""
+    return terminal_sections(run.findings) + markdown_sections(run.findings)
+
+
+def report_json(run) -> dict:
+    """The run's fields of report.json: the findings, the client's outcomes and requests, the idle points."""
     outcomes: dict[str, int] = {}
     for r in run.replay.requests:
         outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-    return {"version": REPORT_VERSION, "run": run.info, **run.findings.to_dict(),
-            "client": {"outcomes": outcomes, "requests": [asdict(r) for r in run.replay.requests]},
+    return {**run.findings.to_dict(), "client": {"outcomes": outcomes, "requests": [asdict(r) for r in run.replay.requests]},
             "idle_points": [asdict(p) for p in run.replay.idle_points]}
 
 
+def _as_run(run, kind: str = "in-process") -> TargetRun:
+    return TargetRun.of_run_result(kind, run)
+
+
+def print_report(run, console=None) -> None:
+    """The terminal report of an in-process or vlite-serve run (``render.print_run``)."""
+    from rich.console import Console
+
+    from vlite.diagnostics.report.render import print_run
+
+    print_run(_as_run(run), InProcessView(run), console or Console())
+
+
 def report_markdown(run, plots: list[str]) -> str:
-    f, info = run.findings, run.info
-    d = f.drain
-    verdict = f.verdict
-    out = [f"# vlite leak-check report\n\n**{verdict}**{f.summary().removeprefix(verdict)}\n",
-           "## Run\n", md_table([{"key": k, "value": v} for k, v in info.items()], ("key", "value"), 100),
-           "## Drain invariant (at quiescence)\n",
-           (f"free {d.num_free_blocks} + cached (evictable) {d.num_cached_blocks} vs total {d.num_total_blocks} blocks: "
-           f"mismatch {d.mismatch_blocks:+d} -> **{d.sign}** (deficit {d.deficit_blocks} blocks, excess frees "
-           f"{d.excess_frees}, negative ref_counts {d.negative_ref_counts})\n"),
-           "## Trend (troughs at idle points)\n", "\n".join(f"- {trend_line(t)}" for t in f.trends) + "\n",
-           "## Coverage, zombie requests, registries\n", "\n".join(f"- {line}" for line in extra_lines(f)) + "\n",
-           "## Unattributed blocks (not free at idle, no ledger entry)\n",
-           md_table(f.unattributed, ("block_id", "ref_count", "evidence")),
-           "## Zombie requests (outlived their clients)\n",
-           md_table((f.zombies or {}).get("zombies", []), ("request_id", "client_action", "outlived_s",
-                                                            "outlived_steps", "tokens_after_leaving")),
-           "## Per-request registries not empty at idle\n",
-           md_table((f.registries or {}).get("leftover", []) + (f.registries or {}).get("over_bound", []),
-                     ("registry", "history", "entries", "size", "bound", "holds")),
-           "## Ended requests still held (request-id census)\n",
-           md_table((f.census or {}).get("held", []), ("path", "kind", "num_entries", "request_ids",
-                                                        "client_actions")),
-           "## Leaked blocks by client action\n", md_table(f.by_action, ("action_kind", "blocks", "references",
-                                                                          "requests")),
-           "## Leaked blocks by allocation site\n", md_table(f.by_site, ("site", "blocks", "references", "requests")),
-           "## Leaked blocks by owner request\n", md_table(f.by_request, _REQ_COLS),
-           "## Blocks still held\n", md_table(f.leaked_blocks, ("block_id",) + _BLOCK_COLS),
-           "## Ledger anomalies\n", md_table(f.anomalies, ("kind", "block_id", "request_id", "client_action", "step",
-                                                    "release_sites")),
-           "## CPU-side state\n", "Orphan block tables:\n\n",
-           md_table(f.cpu_state["orphan_block_tables"], ("seq_id", "num_blocks", "request_id", "client_action",
-                                                          "finish_reason")),
-           "\nPer-request entries left behind:\n\n",
-           md_table(f.cpu_state["leftover_requests"], ("request_id", "state", "client_action", "client_outcome")),
-           "## Exceptions from the engine\n", engine_errors.markdown(f.engine_errors),
-           "## Notes\n", "\n".join(f"- {n}" for n in f.notes) or "_none_", "\n\n## Plots\n",
-           "\n".join(f"![{p}]({p})" for p in plots), ""]
-    return "\n".join(out)
+    """report.md of an in-process or vlite-serve run (``render.run_markdown``)."""
+    from vlite.diagnostics.report.render import run_markdown
+
+    return run_markdown(_as_run(run), InProcessView(run), plots)
 
 
-def write_report(run, out_dir: Path) -> Path:
-    """Write report.json, samples.csv, report.md, report.html and the PNG plots into ``out_dir`` (created).
+def write_report(run, out_dir):
+    """Write the report directory of an in-process or vlite-serve run (``render.write_run_report``);
+    returns ``out_dir``.
 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    from vlite.diagnostics.report.plots import write_plots
+    from pathlib import Path
 
-    return write_report_dir(out_dir, report_dict(run), run.samples, lambda d: write_plots(run, d),
-                            lambda plots: report_markdown(run, plots))
+    from vlite.diagnostics.report.render import write_run_report
+
+    write_run_report(_as_run(run), InProcessView(run), out_dir)
+    return Path(out_dir)
+
+
+class InProcessView:
+    """An in-process or vlite-serve run (findings, samples, replay) as a ``RunDetail``."""
+
+    title = _TITLE
+    headline_first = True
+    timing_first = False
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def sections(self) -> list[Section]:
+        return sections(self.run)
+
+    def to_json(self) -> dict:
+        return report_json(self.run)
+
+    def plots(self, out_dir) -> list[str]:
+        from vlite.diagnostics.report.plots import write_plots
+
+        return write_plots(self.run, out_dir)
+
+    def extra_files(self) -> dict[str, str]:
+        return {}

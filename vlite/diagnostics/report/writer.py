@@ -1,19 +1,7 @@
-"""The one report-directory writer and the Markdown pieces both leak-check reports share.
-
-A leak-check report directory holds report.json, samples.csv, the PNG plots, report.md and
-report.html (the Markdown with the plots embedded); the in-process/HTTP report (``report``), the
-black-box and from-log report (``blackbox_report``) and the watch and Prometheus report
-(``watch_report``, no plots) all write it here.
-"""
+"""Formatting pieces every leak-check report shares: the trough-trend line and the Markdown
+table. The report directory itself is written by ``render.write_run_report``."""
 
 from __future__ import annotations
-
-import json
-from collections.abc import Callable, Iterable
-from pathlib import Path
-
-from vlite.diagnostics.report.atomic import atomic_write_text
-from vlite.diagnostics.report.html_report import write_html
 
 REPORT_VERSION = 1
 
@@ -53,30 +41,3 @@ def md_table(rows: list[dict], cols: tuple[str, ...], limit: int = 30) -> str:
         lines.append(f"\n{len(rows) - limit} more rows in report.json")
     return "\n".join(lines) + "\n"
 
-
-def write_report_dir(out_dir: Path, doc: dict, samples, plots: Callable[[Path], Iterable[str]],
-                     markdown: Callable[[list[str]], str], title: str | None = None,
-                     extra_files: dict[str, str] | None = None) -> Path:
-    """Write one report directory ``out_dir`` (created): report.json (``doc``), samples.csv
-    (``samples``, a DataFrame), the plots (``plots(out_dir)`` writes them and returns their file
-    names), ``extra_files`` (name -> text), report.md (``markdown(plot names)``) and report.html;
-    each text file replaced whole (``atomic_write_text``).
-
-    Raises:
-        OSError: the directory cannot be created or written.
-    """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # each file replaced whole: a Ctrl-C or kill mid-rewrite leaves the previous complete report
-    atomic_write_text(out_dir / "report.json", json.dumps(doc, indent=2, default=str))
-    atomic_write_text(out_dir / "samples.csv", samples.to_csv(index=False))
-    names = list(plots(out_dir))
-    for name, text in (extra_files or {}).items():
-        atomic_write_text(out_dir / name, text)
-    md = markdown(names)
-    atomic_write_text(out_dir / "report.md", md)
-    if title is None:
-        write_html(out_dir, md)  # one file, plots embedded
-    else:
-        write_html(out_dir, md, title)
-    return out_dir

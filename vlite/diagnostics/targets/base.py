@@ -7,12 +7,13 @@ sending a request (``watch.WatchTarget``), a range a Prometheus server holds
 (``prometheus_range.PrometheusTarget``), or a server's stats log after the fact
 (``from_log.LogTarget``). ``vlite leak-check`` builds one from its options and calls only this
 interface: ``target.run(plan, stop=...)`` returns a ``TargetRun``, whose report the CLI prints and
-writes the same way for every target (``report/target_report.py``).
+writes the same way for every target (``report/target_report.py``); a fleet of replicas behind a
+router (``fleet.FleetTarget``) is one more target.
 
 Each target class wraps its module's entry function (``run_in_process``, ``run_http``,
-``run_blackbox``, ``watch``, ``judge_range``, ``analyze_log``), which keeps its own signature and
-result type (``RunResult``, ``BlackboxResult``, ``WatchResult``); ``TargetRun.result`` holds that
-result for the report that reads it.
+``run_blackbox``, ``watch``, ``judge_range``, ``analyze_log``), which keeps its own signature.
+``TargetRun.result`` holds the mode's detail, a ``RunDetail``: whatever the mode, the reports ask
+it only for its sections, its report.json fields, its plots and its extra files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 # Exit codes by verdict (``checks/verdict.py``); 2 is a usage error.
 # exit_code and EXIT_HEADLINE_NOT_EXERCISED are imported from here by the CLI and tests.
@@ -43,6 +44,71 @@ def default_wave(num_specs: int, idle_every: int | None) -> int:
     if idle_every is not None:
         return idle_every
     return max(1, num_specs // 5, min(num_specs, 16))
+
+
+@dataclass
+class Section:
+    """A titled piece of a human report (terminal and report.md), as data: the reporters in
+    ``report/target_report.py`` format it, the mode's section builders only fill it in.
+
+    Attributes:
+        title: "## title" in report.md; the title of the table on the terminal (None: untitled).
+        text: a paragraph, as written (Markdown; printed as is on the terminal).
+        lines: bullet points in report.md, one line each on the terminal; an item may be a
+            ``(text, style)`` pair, style a Rich style for the terminal ("yellow").
+        rows, cols: a table (``rows`` of dicts over the column names ``cols``); None: no table.
+            An empty table reads "_none_" in report.md and is left off the terminal.
+        limit: the most rows report.md shows (the rest are in report.json); ``terminal_limit``
+            the most the terminal shows.
+        terminal, markdown: where the section appears.
+        bullets: report.md writes ``lines`` as "- " bullets (False: as plain lines).
+    """
+
+    title: str | None = None
+    text: str | None = None
+    lines: list = field(default_factory=list)
+    rows: list[dict] | None = None
+    cols: tuple[str, ...] = ()
+    limit: int = 30
+    terminal_limit: int = 20
+    terminal: bool = True
+    markdown: bool = True
+    bullets: bool = True
+
+
+@runtime_checkable
+class RunDetail(Protocol):
+    """What a mode adds to the common header of a ``TargetRun``; the reporters read it through
+    this interface only, whatever the mode.
+
+    Attributes:
+        title: report.md's heading ("vlite leak-check report (blackbox: vllm)").
+        headline_first: the terminal report opens with the verdict line (False for a watch,
+            whose idle points and alerts were printed as they came).
+        timing_first: the terminal report puts the timing line (requests, seconds, samples)
+            before the verdict line, not after the findings (a black box: what was sent, then
+            what it left).
+    """
+
+    title: str
+    headline_first: bool
+    timing_first: bool
+
+    def sections(self) -> list[Section]:
+        """The mode's sections of the human reports, in order (between "Run" and "Notes")."""
+        ...
+
+    def to_json(self) -> dict:
+        """The mode's fields of report.json (JSON-serialisable, ``default=str`` aside)."""
+        ...
+
+    def plots(self, out_dir) -> list[str]:
+        """Write the mode's PNG plots into ``out_dir``; returns their file names (none: [])."""
+        ...
+
+    def extra_files(self) -> dict[str, str]:
+        """Files besides the common ones to write into the report directory: name -> text."""
+        ...
 
 
 def _silent(line: str) -> None:
@@ -117,9 +183,9 @@ class TargetRun:
         verdict: CLEAN, LEAK, ZOMBIE, HOST-LEAK, ENGINE-ERROR, WEDGED, EMPTY-OUTPUT, OUTPUT-DRIFT,
             INCONCLUSIVE or INTERRUPTED.
         summary: the one-line verdict ("LEAK: 12 blocks held by ...").
-        result: the target's own result, which its report reads: a ``RunResult`` (in-process,
-            vlite serve), a ``blackbox.BlackboxResult`` (black box, log) or a
-            ``watch.WatchResult`` (watch, Prometheus).
+        result: the mode's detail (a ``RunDetail``): a ``RunResult`` (in-process, vlite serve), a
+            ``blackbox.BlackboxResult`` (black box, log), a ``watch.WatchResult`` (watch,
+            Prometheus) or a ``fleet.FleetResult`` (fleet).
         samples: the samples taken while it ran (one row per sample; possibly empty).
         info: run facts (the report's ``run`` table); the same dict as the result's.
         notes: lines the report adds under "notes"; the same list as the result's.
@@ -132,7 +198,7 @@ class TargetRun:
     kind: str
     verdict: str
     summary: str
-    result: Any
+    result: RunDetail
     samples: pd.DataFrame
     info: dict
     notes: list[str]
@@ -159,7 +225,7 @@ class LeakCheckTarget(Protocol):
     """Where a leak check runs and what it reads; ``vlite leak-check`` drives every target through this.
 
     Attributes:
-        kind: "in-process", "vlite-serve", "blackbox", "watch", "prometheus" or "log".
+        kind: "in-process", "vlite-serve", "blackbox", "watch", "prometheus", "log" or "fleet".
         interruptible: the words for what a first Ctrl-C stops ("the replay", "the watch") when
             ``run`` honours ``stop`` (it then ends early and still reports); None when it does not
             (a first Ctrl-C ends the command as usual).

@@ -19,21 +19,26 @@ router's OpenAI routes:
    replica directly: released in time there means the router lost the abort.
 5. Final: each replica drained, a 1-token request, KV in use at idle read again; the router's
    in-flight gauge per worker read at idle.
+
+``FleetTarget`` runs it through the ``LeakCheckTarget`` interface (kind "fleet"), so its report is
+printed and written as every target's is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
+import pandas as pd
 
 from vlite.diagnostics.checks import fleet as judge
 from vlite.diagnostics.checks.pace import itl_p99
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_S, DEFAULT_THRESHOLD_STEPS
 from vlite.diagnostics.readers.metrics_text import MetricsFormatError, MetricsPage, parse_page
-from vlite.diagnostics.targets.base import TargetError
+from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import BlackboxDriver, Connection, NullProbe, connect
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
 from vlite.diagnostics.workload.replay import RequestResult
@@ -356,3 +361,38 @@ class FleetRun:
                 out[u] = judge_after(client, u, b, bound, storm, headers=self.headers, body=self.body)
             return out
 
+
+class FleetTarget:
+    """A fleet of replicas behind a router, as a ``LeakCheckTarget`` (kind "fleet"): ``run``
+    runs a ``FleetRun`` and returns its ``TargetRun``, whose detail is a ``checks.fleet.FleetResult``.
+    A first Ctrl-C ends the run with the probes measured so far, unjudged (INTERRUPTED)."""
+
+    kind = "fleet"
+    interruptible = None  # the Ctrl-C is caught in ``run``: the probes so far are kept
+
+    def __init__(self, opts: FleetOptions) -> None:
+        self.opts = opts
+
+    def describe(self) -> str:
+        return f"{len(self.opts.replicas)} replicas behind the router {self.opts.router.rstrip('/')}"
+
+    def run(self, plan: TargetPlan, *, stop: threading.Event | None = None) -> TargetRun:
+        """Run the fleet check (``FleetRun.run``); progress lines go to ``plan.on_line``.
+
+        Raises:
+            TargetError: a replica or the router cannot be reached or read (one line).
+        """
+        o = self.opts
+        info = dict(plan.info, router=o.router, replicas=", ".join(o.replicas), probes_per_replica=o.probes_per_replica,
+                    max_tokens=o.max_tokens, requests=len(o.specs), storm_requests=o.storm_requests)
+        fleet = FleetRun(o, on_line=plan.on_line)
+        try:
+            doc = fleet.run()
+        except KeyboardInterrupt:  # keep what was measured: the probes so far, unjudged
+            n = len(fleet.probes)
+            doc = {"verdict": "INTERRUPTED", "probes": [asdict(p) for p in fleet.probes]}
+            return TargetRun(self.kind, "INTERRUPTED", f"INTERRUPTED - {n} probes measured (above), no verdict",
+                             judge.FleetResult(doc), pd.DataFrame(), info, [],
+                             interrupted=f"interrupted: {n} probes measured, no verdict")
+        return TargetRun(self.kind, doc["verdict"], judge.summary(doc), judge.FleetResult(doc), pd.DataFrame(),
+                         info, [])
