@@ -1,0 +1,117 @@
+"""Every command that README.md and docs/**/*.md show runs here and gives what its doc claims.
+
+Each code block runs as a reader would run it, in order, in a scratch directory: ``vlite serve ... &``
+starts a server the block's later commands use (on a free port in place of the doc's), and a
+command that would load the default model runs on a tiny random model instead. A command's
+trailing comment states its verdict and exit code (``# LEAK, exit 1``); with none it must exit 0.
+
+A command that cannot run here (it needs a GPU, a real vLLM, a router, Prometheus, or it is this
+test run itself) is listed in ``NOT_IN_CI`` with its reason and the script that runs it instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from doc_commands import DocCommand, documented_commands  # noqa: E402
+from doc_runner import BlockSession  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# pattern (searched in the command) -> (why it does not run in CI, where it runs instead)
+NOT_IN_CI: dict[str, tuple[str, str]] = {
+    r"^make test$": ("it is this test run itself", ".ci/run"),
+    r"^make fleet$": ("needs vllm-router and Prometheus (installed by the script)", "tests/interop/fleet.sh"),
+    r"leak-check fleet\b|--replica\b": ("needs a router in front of the replicas", "tests/interop/fleet.sh"),
+    r"leak-check prometheus\b|--prometheus\b": ("needs a Prometheus server", "tests/interop/prometheus.sh"),
+    r"--trace-gpu-allocations": ("needs CUDA", "benchmarks/gpu/gpu_check.sh"),
+    r"^vllm serve|vllm\.entrypoints": ("needs vLLM's own install", "tests/interop/vllm.sh"),
+    r"^pip install 'vlite\[ray\]'|^ray start": ("needs a Ray cluster of several machines", "tests/engine/test_tensor_parallel.py"),
+    r"^st --config-file|^printf .*st\.toml": ("needs schemathesis's CLI against a live server",
+                                             "tests/server/test_serve_schemathesis.py"),
+}
+SETUP_NOISE = ("source .venv/bin/activate",)
+
+
+def reason_not_in_ci(cmd: DocCommand) -> tuple[str, str] | None:
+    for pattern, why in NOT_IN_CI.items():
+        if re.search(pattern, cmd.text):
+            return why
+    return None
+
+
+COMMANDS = documented_commands(ROOT)
+BLOCKS: dict[tuple[str, int], list[DocCommand]] = {}
+for _c in COMMANDS:
+    BLOCKS.setdefault((_c.path, _c.block), []).append(_c)
+
+
+def test_documented_commands_are_found():
+    """The reader finds the README's commands (a broken reader would pass every other test vacuously)."""
+    readme = [c.text for c in COMMANDS if c.path == "README.md"]
+    assert "make run" in readme and "make test" in readme
+    assert any(t.startswith("vlite leak-check") for t in readme)
+
+
+def test_not_in_ci_entries_are_used_and_their_scripts_exist():
+    """Each exemption matches a documented command, and the place that runs it instead exists."""
+    for pattern, (_, where) in NOT_IN_CI.items():
+        assert any(re.search(pattern, c.text) for c in COMMANDS), f"no documented command matches {pattern!r}"
+        assert (ROOT / where).exists(), f"{pattern!r} says it runs in {where}, which does not exist"
+
+
+def _blocks_to_run():
+    for (path, block), cmds in BLOCKS.items():
+        if any(reason_not_in_ci(c) is None and c.text not in SETUP_NOISE for c in cmds):
+            yield pytest.param(cmds, id=f"{path}:{cmds[0].line}")
+
+
+@pytest.fixture(scope="module")
+def doc_model(tmp_path_factory) -> str:
+    """A tiny random Llama whose 6 heads split over 1, 2, 3 or 6 tensor-parallel ranks."""
+    from conftest import build_tiny_model_dir
+
+    return str(build_tiny_model_dir(tmp_path_factory.mktemp("doc-model"), hidden_size=96, num_attention_heads=6,
+                                    num_key_value_heads=6, intermediate_size=192))
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """A scratch directory that looks like the repository root to a reader's relative paths."""
+    for name in ("Makefile", "pyproject.toml", "vlite", "tests", "benchmarks", "docs", "README.md"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    return tmp_path
+
+
+@pytest.mark.parametrize("commands", list(_blocks_to_run()))
+def test_documented_block(commands: list[DocCommand], doc_model: str, workdir: Path):
+    """Run the block's commands in order; each gives the exit code and verdict its comment claims."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    session = BlockSession(workdir, doc_model, env)
+    skipped, failures = [], []
+    try:
+        for cmd in commands:
+            why = reason_not_in_ci(cmd)
+            if why:
+                skipped.append(f"{cmd.where()}: {why[0]} (runs in {why[1]})")
+                continue
+            out = session.run(cmd)
+            print(f"{cmd.where()}: exit {out.exit_code} in {out.seconds:.1f} s: {out.ran}")
+            tail = out.output[-2000:]
+            if out.exit_code != cmd.exit_code:
+                failures.append(f"{cmd.where()}: `{out.ran}` exited {out.exit_code}, the doc says {cmd.exit_code}\n{tail}")
+            elif cmd.verdict and not re.search(rf"(?<![\w-]){re.escape(cmd.verdict)}(?![\w-])", out.output):
+                failures.append(f"{cmd.where()}: `{out.ran}` did not say {cmd.verdict}\n{tail}")
+    finally:
+        session.close()
+    if skipped:
+        print("not run here:\n  " + "\n  ".join(skipped))
+    assert not failures, "\n\n".join(failures)
