@@ -409,9 +409,11 @@ def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenario
             "seconds": round(t_d + t_s, 1), "default_tail": text_d[-400:] if code_d not in (0, 1) else ""}
 
 
-def main() -> None:
+def main() -> int:
+    """Exit code: 0 when every chosen defect was caught by the default command and the clean tree
+    (and every bounded cache) stayed CLEAN; 1 otherwise."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                 epilog="See the module docstring (and docs/leak-check.md, 'Mutation check') for "
+                                 epilog="See the module docstring (and docs/benchmarks.md, 'Mutation check') for "
                                         "how mutants are planted and counted.")
     ap.add_argument("--only", nargs="*", default=None, metavar="NAME",
                     help=f"Mutant names (default: all): {', '.join(m.name for m in MUTANTS)}.")
@@ -475,7 +477,9 @@ def main() -> None:
               f"{': ' + ', '.join(r['scenarios_failed']) if r['scenarios_failed'] else ''} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    clean_ok = all(r["default_exit"] == 0 for r in rows if r["mutant"] == "(clean tree)" or r["mutant"] in clean_ones)
+    return 0 if clean_ok and d == len(muts) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

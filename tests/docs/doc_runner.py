@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
 from doc_commands import DocCommand
 
 BIN = Path(sys.executable).parent
@@ -46,7 +45,13 @@ def with_model(text: str, model: str) -> str:
             words = shlex.split(segment)
         except ValueError:
             return segment
-        if not words or Path(words[0]).name != "vlite" or "--model" in words or len(words) < 2:
+        if not words or Path(words[0]).name != "vlite" or len(words) < 2:
+            return segment
+        if "--model" in words:  # a placeholder such as ./my-model: the reader's own model, here the tiny one
+            at = words.index("--model") + 1
+            if at < len(words) and not Path(words[at]).exists() and words[at].startswith(("./", "MODEL")):
+                words[at] = model
+                return shlex.join(words)
             return segment
         sub = words[1]
         if sub == "leak-check":

@@ -68,7 +68,7 @@ def test_not_in_ci_entries_are_used_and_their_scripts_exist():
 
 
 def _blocks_to_run():
-    for (path, block), cmds in BLOCKS.items():
+    for (path, _block), cmds in BLOCKS.items():
         if any(reason_not_in_ci(c) is None and c.text not in SETUP_NOISE for c in cmds):
             yield pytest.param(cmds, id=f"{path}:{cmds[0].line}")
 
