@@ -25,22 +25,36 @@ from doc_runner import BlockSession  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# pattern (searched in the command) -> (why it does not run in CI, where it runs instead)
+# What a command that cannot run here needs, as its doc marks it (``# needs: vLLM; ...``):
+# why it does not run in CI, and the script that runs it instead.
+NEEDS: dict[str, tuple[str, str]] = {
+    "GPU": ("needs CUDA", "benchmarks/gpu/gpu_check.sh"),
+    "vLLM": ("needs vLLM's own install", "tests/interop/vllm.sh"),
+    "router": ("needs a router in front of the replicas", "tests/interop/fleet.sh"),
+    "Prometheus": ("needs a Prometheus server", "tests/interop/prometheus.sh"),
+    "Ray cluster": ("needs a Ray cluster of several machines", "tests/engine/test_tensor_parallel.py"),
+}
+# Commands the docs show unmarked that still cannot run here: pattern -> (why, where instead).
 NOT_IN_CI: dict[str, tuple[str, str]] = {
     r"^make test$": ("it is this test run itself", ".ci/run"),
-    r"^make fleet$": ("needs vllm-router and Prometheus (installed by the script)", "tests/interop/fleet.sh"),
-    r"leak-check fleet\b|--replica\b": ("needs a router in front of the replicas", "tests/interop/fleet.sh"),
-    r"leak-check prometheus\b|--prometheus\b": ("needs a Prometheus server", "tests/interop/prometheus.sh"),
-    r"--trace-gpu-allocations": ("needs CUDA", "benchmarks/gpu/gpu_check.sh"),
-    r"^vllm serve|vllm\.entrypoints": ("needs vLLM's own install", "tests/interop/vllm.sh"),
-    r"^pip install 'vlite\[ray\]'|^ray start": ("needs a Ray cluster of several machines", "tests/engine/test_tensor_parallel.py"),
     r"^st --config-file|^printf .*st\.toml": ("needs schemathesis's CLI against a live server",
                                              "tests/server/test_serve_schemathesis.py"),
 }
+_NEEDS = re.compile(r"^needs: ([^;,(]+?)(?:[;,(]|$)")
 SETUP_NOISE = ("source .venv/bin/activate",)
 
 
+def needs(cmd: DocCommand) -> str | None:
+    """What the command's doc says it needs (``# needs: vLLM ...``), else None."""
+    m = _NEEDS.match(cmd.comment)
+    return m.group(1).strip() if m else None
+
+
 def reason_not_in_ci(cmd: DocCommand) -> tuple[str, str] | None:
+    """Why ``cmd`` does not run here and where it runs instead; None when it runs here."""
+    kinds = [k.strip() for k in (needs(cmd) or "").split(",") if k.strip()]
+    if kinds:
+        return NEEDS.get(kinds[0], (f"needs {kinds[0]}", ""))
     for pattern, why in NOT_IN_CI.items():
         if re.search(pattern, cmd.text):
             return why
@@ -61,10 +75,16 @@ def test_documented_commands_are_found():
 
 
 def test_not_in_ci_entries_are_used_and_their_scripts_exist():
-    """Each exemption matches a documented command, and the place that runs it instead exists."""
+    """Each exemption matches a documented command, each ``needs:`` mark names a known need, and
+    the place that runs such a command instead exists."""
     for pattern, (_, where) in NOT_IN_CI.items():
         assert any(re.search(pattern, c.text) for c in COMMANDS), f"no documented command matches {pattern!r}"
         assert (ROOT / where).exists(), f"{pattern!r} says it runs in {where}, which does not exist"
+    for cmd in COMMANDS:
+        for kind in filter(None, (k.strip() for k in (needs(cmd) or "").split(","))):
+            assert kind in NEEDS, f"{cmd.where()}: '# needs: {kind}' is none of {', '.join(NEEDS)}"
+    for _, where in NEEDS.values():
+        assert (ROOT / where).exists(), f"{where} does not exist"
 
 
 def _blocks_to_run():
