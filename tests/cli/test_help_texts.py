@@ -1,4 +1,4 @@
-"""Help lists every choice and says what the defaults size (issue 35)."""
+"""Help lists every choice and says what the defaults size."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _raw_help(*command: str) -> str:
 
 
 def test_leak_check_help_groups_options_by_mode():
-    # issue 40: 165 flat lines mixing the in-process, --url, --watch, --prometheus and --from-log options
+    # not one flat list mixing the in-process, --url, --watch, --prometheus and --from-log options
     from vlite.cli import leak_check as lc
 
     text = _raw_help("leak-check")
