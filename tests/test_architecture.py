@@ -228,7 +228,7 @@ _FLOORS = [
      "vlite.engine.introspection", "vlite.engine.llm_engine"),
     ("vlite.engine.serving",),
     ("vlite.engine",),
-    ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload"),
+    ("vlite.bench", "vlite.entrypoints", "vlite.diagnostics.workload", "vlite.diagnostics.readers"),
     ("vlite.diagnostics.checks",),
     ("vlite.diagnostics.targets",),
     ("vlite.diagnostics.report",),
