@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
-# The path the developers' guide and issue 31 name; the script lives with the other GPU benchmarks.
+# The path the developers' guide names; the script lives with the other GPU benchmarks.
 exec bash "$(dirname "$0")/gpu/gpu_check.sh" "$@"

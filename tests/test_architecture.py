@@ -31,6 +31,7 @@ def _rel(path: Path) -> str:
 
 
 def test_only_the_scheduler_and_the_view_import_the_block_manager():
+    # fault_seams: the scheduler's and the manager's fault-planting subclasses, built only for --inject-fault
     allowed = {"vlite/engine/core/kv_cache_manager.py", "vlite/engine/core/scheduler.py", "vlite/engine/introspection.py",
                "vlite/engine/core/fault_seams.py"}
     offenders = [_rel(p) for p in _modules(ROOT / "engine")

@@ -1,4 +1,4 @@
-"""Proof for `leak-check --trace-gpu-allocations` (issue 42, item 5): plant the mutant
+"""Proof for `leak-check --trace-gpu-allocations`: plant the mutant
 "tensor-kept-per-request-on-device" (benchmarks/leak_check/mutants.py) in a copy of vlite, run the
 in-process leak check on it with the option, and check that the report names the planted line's
 allocation site (vlite/engine/worker/model_runner.py, in compute_logits) among the CUDA sites
@@ -85,7 +85,7 @@ def main() -> int:
     ok = bool(g.get("unavailable")) and "no CUDA device" in g["unavailable"]
     print(f"{'PASS' if ok else 'FAIL'} (dry run on the CPU): GPU allocation sites: {g.get('unavailable')}; verdict "
           f"{report.get('verdict')} (exit {code}). This checks the no-CUDA line only: on the CPU the mutant is the "
-          f"host checks' to catch (mutants.py's default 60 requests: HOST-LEAK, docs/leak-check.md)")
+          f"host checks' to catch (mutants.py's default 60 requests: HOST-LEAK, docs/leak-check/replay.md)")
     return 0 if ok else 1
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU path in one run (issue 31; docs/benchmarks.md, "The GPU check"). Three modes:
+# The whole GPU path in one run (docs/benchmarks.md, "The GPU check"). Three modes:
 #
 #   benchmarks/gpu/gpu_check.sh --prepare   on a machine that reaches PyPI (the CPU machine): fills .whl/
 #                                        (git-ignored) with the wheels the GPU machine lacks and the
@@ -183,7 +183,7 @@ else:
 sys.exit(0 if have or sys.argv[2] == "dry" else 1)
 EOF
 
-step "5b leak-check --trace-gpu-allocations names a tensor kept per request on the device (issue 42)"
+step "5b leak-check --trace-gpu-allocations names a tensor kept per request on the device"
 # on the CPU (--dry-run) it checks that the option says in one line it records nothing there
 run gpu-alloc-site 150 "$PY" benchmarks/gpu/gpu_alloc_site_check.py --model "$F32" --device $DEVICE \
     --num-requests $((NREQ / 2)) --workdir "$WORK/gpu-site" --json "$RES/gpu-alloc-site.json"

@@ -5,7 +5,7 @@ The rates come from this machine when ``--measure`` is given (CUDA: a 1 GiB devi
 copy, read + write bytes over its median time, and a 8192^3 bfloat16 matmul's FLOP/s, both
 ``triton.testing.do_bench`` medians), else from ``--bandwidth-gbs`` and ``--tflops``.
 
-Usage (issue 31's workload on the 1.07B Llama-3.2-1B shape):
+Usage (the GPU check's workload on the 1.07B Llama-3.2-1B shape):
   python benchmarks/gpu/roofline.py --measure --throughput-json vlite.json --json roofline.json
   python benchmarks/gpu/roofline.py --bandwidth-gbs 4251 --tflops 790      # the issue's H200 figures
   python benchmarks/gpu/roofline.py --config path/to/model                 # another model's config.json

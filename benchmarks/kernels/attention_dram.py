@@ -1,5 +1,5 @@
 """The C++ decode attention kernel with its KV cache in DRAM or in L2 (docs/kernels.md, the
-software prefetch; docs/benchmarks.md, the sixth session).
+software prefetch; docs/benchmarks.md, "Runs of 2026-12-02 07:21-10:20, on an AMD Zen 4" and "Runs of 2026-12-02 12:36-15:30, on an AMD Zen 5").
 
 A 64-sequence decode step of SmolLM2's shape (9 query heads, 3 KV heads, head_dim 64, block size
 16, 210 cached tokens each) over 30 layers' caches (about 620 MB in float32, so every call reads

@@ -11,7 +11,7 @@ JSON (``--out``).
     .venv/bin/python benchmarks/leak_check/census_cost.py --model SmolLM2-135M-Instruct --layout thread
 
 ``--model tiny`` builds the test suite's tiny random Llama (tests/conftest.py) in a temporary
-directory. The figures are in docs/leak-check.md ("Request-id census").
+directory. The figures are in docs/benchmarks.md ("Request-id census: cost per idle point").
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ MUTANTS = [
            "engine/core/scheduler.py",
            "        for seq in seqs:  # every sequence, even when one's release raises (n > 1, beams)\n",
            "        for seq in seqs[:1]:\n"),
-    # Issue 33: state outside the registry list, and host memory (found by the census, the
+    # State outside the registry list, and host memory (found by the census, the
     # recorded paths and the host-memory plateau test, not by the block counts)
     Mutant("holdback-kept-after-stop-string", "per-request state (unregistered)",
            "the output processor keeps a stop-string request's text in a map of its own after the finish",
@@ -154,7 +154,7 @@ MUTANTS = [
            "        block = self.blocks[self.free_block_queue.popleft()]\n",
            "        block = self.blocks[self.free_block_queue.popleft()]\n"
            "        self.__dict__.setdefault(\"new_block_ids\", []).append(block.block_id)\n"),
-    # Issue 42: a leak that switched off the census that would report it (the two maps that gated
+    # A leak that switched off the census that would report it (the two maps that gated
     # it), a second reference by the same holder (the ledger overwrote the first), a metric
     # labelled by a client value (litellm#12159)
     Mutant("live-map-keeps-finished", "serving loop (census gate)",
@@ -185,7 +185,7 @@ MUTANTS = [
            "engine/output_processor.py", "        primary = seqs[0]\n        finished = req.is_finished\n",
            "        primary = seqs[0]\n        finished = req.is_finished\n        if finished:\n"
            "            self.__dict__.setdefault(\"last_buffers\", []).append(bytearray(4096))\n"),
-    # Issue 42, workload variety: a memo keyed by content (found only when prompts do not repeat:
+    # Workload variety: a memo keyed by content (found only when prompts do not repeat:
     # --prompt-source distinct, the default) and a bounded cache (llama.cpp#25740's host prompt
     # cache, with a size limit: must stay CLEAN, reported as a bounded cache with its entries)
     Mutant("word-memo-unbounded", "host memory (content-keyed)",
@@ -209,7 +209,7 @@ MUTANTS = [
            "                    self.prompt_cache_tokens -= len(cache.popitem(last=False)[1])\n"
            "            else:\n"
            "                cache.move_to_end(prompt)\n", expect_clean=True),
-    # Issue 42, every API path: a multi-prompt completion with one prompt refused after the others
+    # Every API path: a multi-prompt completion with one prompt refused after the others
     # were admitted (sglang#28380, vllm#27420): the admitted prompts are not aborted, so they keep
     # their blocks and decode for a client that already had its error
     Mutant("multi-prompt-rejection-keeps-admitted", "multi-prompt rejection",
@@ -224,7 +224,7 @@ MUTANTS = [
            "            if reason is FinishReason.ABORT and seq.in_prefill and seq.sampling_params.n > 1:\n"
            "                self.kv_cache_manager.block_tables.pop(seq.seq_id, None)\n            else:\n"
            "                self.kv_cache_manager.free(seq)\n            req = self.requests[seq.request_id]"),
-    # Issue 42, item 5: device memory held per request, which only the allocator's history names
+    # Device memory held per request, which only the allocator's history names
     # (`leak-check --trace-gpu-allocations` on CUDA: benchmarks/gpu/gpu_alloc_site_check.py)
     Mutant("tensor-kept-per-request-on-device", "device memory (GPU allocation site)",
            "the model runner keeps a copy of every new prefill's hidden states on the device, in a list nobody empties",
@@ -234,8 +234,8 @@ MUTANTS = [
            "            if q == s:  # a prefill from the prompt's first token\n"
            "                self.__dict__.setdefault(\"prefill_states\", []).append(hidden[end - q:end].clone())\n"
            "        prompt_logprobs = compute_prompt_logprobs(self.model, hidden, step.prompt_logprobs)  # {} unless asked\n"),
-    # Issue 42 item 7: per-request state inside a tensor-parallel worker process (the census and
-    # host-memory check of the engine's process never look there); item 5: a native leak that only
+    # Per-request state inside a tensor-parallel worker process (the census and
+    # host-memory check of the engine's process never look there); a native leak that only
     # one request kind takes (vllm#50150: per-process growth per request kind names it)
     Mutant("worker-prompt-progress-kept", "tensor-parallel worker (-tp 2)",
            "each rank keeps every sequence's prompt-logprobs progress in a map of its own, never cleared",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EleutherAI's lm-evaluation-harness against `vlite serve` (issue 17): `lm_eval --model
+# EleutherAI's lm-evaluation-harness against `vlite serve`: `lm_eval --model
 # local-completions` runs a loglikelihood task (multiple choice: echo + logprobs) and a
 # generate-until task, offline, on a small task defined from local files; then `lm_eval --model
 # hf` scores the loglikelihood task on the same weights in transformers, and every per-choice

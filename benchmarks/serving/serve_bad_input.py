@@ -1,10 +1,10 @@
-"""Send issue 12's examples of bad input to a running `vlite serve`; one line per example.
+"""Send examples of bad input to a running `vlite serve`; one line per example.
 
     vlite serve --port 8000 &
     python benchmarks/serving/serve_bad_input.py http://127.0.0.1:8000
 
 Prints the status and the start of the body (or, for streams, whether each event is JSON). The
-output before and after issue 12 is in benchmarks/results/serve_bad_input_{before,after}.txt.
+output before and after the input checks is in benchmarks/results/serve_bad_input_{before,after}.txt.
 Each example is also a test in tests/server/test_serve_hardening.py. Takes about 15 s (it waits 12 s
 to see whether half-sent request heads are closed). Not part of CI.
 """

@@ -1,4 +1,4 @@
-"""Issue 12, kind 7: what a huge prompt costs a running `vlite serve`.
+"""What a huge prompt costs a running `vlite serve`.
 
 Sends ``--repeats`` prompts of ``--chars`` characters (default 6.3 MB, under the 8 MiB body
 limit, far more tokens than any context) to /v1/completions, one after another, while a thread

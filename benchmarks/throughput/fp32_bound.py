@@ -1,6 +1,6 @@
 """The float32 throughput bound of workload W1 on this machine: matmul FLOPs / measured matmul rate.
 
-W1 (issue 5): 64 requests, prompt lengths uniform in [32, 256], output lengths uniform in
+W1: 64 requests, prompt lengths uniform in [32, 256], output lengths uniform in
 [16, 256], seed 0, SmolLM2-135M. The workload is rebuilt with vlite's own random dataset, so the
 lengths are exactly the ones `vlite bench throughput` runs.
 

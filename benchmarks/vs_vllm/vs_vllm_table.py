@@ -5,8 +5,8 @@
 Reads, where present: ``w1_{vlite,vllm}_{float32,bfloat16}.json`` (``output_tokens_per_second``),
 ``serve_{vlite,vllm}.json`` and ``sat_{vlite,vllm}_<rate>.json`` (vLLM ``bench serve --save-result``
 files: ``mean_ttft_ms``, ``mean_tpot_ms``, ``median_itl_ms``, ``p99_ttft_ms``, ``output_throughput``).
-With both W1 dtypes present it adds each engine's bfloat16 over its own float32 (issue 13 asks
-vlite for 1.6x). Missing files (a subset run, ``--only``) leave their rows out; a folder with no
+With both W1 dtypes present it adds each engine's bfloat16 over its own float32 (the target
+asks vlite for 1.6x). Missing files (a subset run, ``--only``) leave their rows out; a folder with no
 pairs at all, or no folder, is an error (exit 1). The saturating rate is the first
 swept rate at which vLLM's output throughput grows by less than 5% over the previous rate (the
 highest rate if it never stops growing).
@@ -51,7 +51,7 @@ def rows(d: Path) -> list[tuple[str, float, float, str, str]]:
             w1[dtype] = (va, vb)
             out.append((f"W1 offline {dtype}: output tok/s", va, vb, f"{va / vb:.2f}x", "higher is better"))
     if len(w1) == 2:
-        # issue 13 asks vlite's bfloat16 for 1.6x its own float32; each engine's own gain, side by side
+        # the target asks vlite's bfloat16 for 1.6x its own float32; each engine's own gain, side by side
         (fa, fb), (ba, bb) = w1["float32"], w1["bfloat16"]
         out.append(("W1 bfloat16 over the same engine's float32 (x)", ba / fa, bb / fb, "", "higher is better"))
     a, b = _load(d / "serve_vlite.json"), _load(d / "serve_vllm.json")

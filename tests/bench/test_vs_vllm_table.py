@@ -1,4 +1,4 @@
-"""benchmarks/vs_vllm/vs_vllm_table.py: the ratio table that says whether issue 13's targets are met."""
+"""benchmarks/vs_vllm/vs_vllm_table.py: the ratio table that says whether the vs-vLLM targets are met."""
 
 from __future__ import annotations
 

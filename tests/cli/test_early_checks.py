@@ -1,5 +1,5 @@
 """Checks that need no model weights run before the model loads, and a KV cache that cannot fit
-in memory is one line naming the option and the largest value that fits (issue 35)."""
+in memory is one line naming the option and the largest value that fits."""
 
 from __future__ import annotations
 

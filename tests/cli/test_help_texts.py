@@ -1,4 +1,4 @@
-"""Help lists every choice and says what the defaults size (issue 35)."""
+"""Help lists every choice and says what the defaults size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workload variety (issue 42, item 3): prompts that do not repeat, and the cache-versus-leak probe.
+"""Workload variety: prompts that do not repeat, and the cache-versus-leak probe.
 
 Unit tests of the decision (checks/cache_probe.py) on synthetic series, of the distinct prompt
 source and the probe's rounds, then end to end on the tiny random model with a planted bounded

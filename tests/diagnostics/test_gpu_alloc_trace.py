@@ -1,4 +1,4 @@
-"""GPU memory named by allocation site (issue 42, item 5): the snapshot diff over PyTorch's
+"""GPU memory named by allocation site: the snapshot diff over PyTorch's
 allocator snapshot format, the tracer's idle-point path with a CPU stand-in for the allocator,
 and what the option says where there is no CUDA."""
 

@@ -1,4 +1,4 @@
-"""Host memory gets its own verdict (issue 33, item 4): planted host leaks that hold no request id
+"""Host memory gets its own verdict: planted host leaks that hold no request id
 are HOST-LEAK, named by the container that keeps growing; a clean run is not flagged."""
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def test_trace_allocations_names_the_line_that_keeps_allocating(tiny_checkpoint)
 
 
 def test_a_late_slope_whose_interval_straddles_the_threshold_is_inconclusive_not_levelled_off():
-    # issue 40: "late-half slope 132.1 KiB/request (95% CI -460.3 .. 724.5; a leak above 64 KiB/request)"
-    # was followed by "growth within warm-up (it levelled off)": the run cannot tell
+    # "late-half slope 132.1 KiB/request (95% CI -460.3 .. 724.5; a leak above 64 KiB/request)" must not
+    # be followed by "growth within warm-up (it levelled off)": the run cannot tell
     mib = 2**20
     anon = [100 * mib, 140 * mib, 170 * mib, 180 * mib, 180 * mib, 181 * mib, 180 * mib, 181 * mib]
     result = host_memory_check(_points([5] * 8, anon))

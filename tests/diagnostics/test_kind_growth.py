@@ -1,4 +1,4 @@
-"""Host memory per process and per request kind (issue 42, item 5): a native leak that only one
+"""Host memory per process and per request kind: a native leak that only one
 request kind takes is named by that kind and the process; warm-up and too few intervals are
 said as such, never guessed; a worker that grows alone is named by its rank."""
 

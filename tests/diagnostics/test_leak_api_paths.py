@@ -1,4 +1,4 @@
-"""Issue 42, item 4: every API path in the leak check's checklist. A multi-prompt completion with
+"""Every API path in the leak check's checklist. A multi-prompt completion with
 one prompt refused after the others were admitted (sglang#28380), a request refused after
 admission, a constrained request aborted while waiting, and the chat and completions routes with
 each client action (over HTTP only: in process the replay drives the engine, not the API server)."""

@@ -106,7 +106,7 @@ def test_a_clean_server_exports_an_empty_current_census_of_both_processes(serve,
     assert (doc["engine"]["pid"] == doc["api_server"]["pid"]) == bool(layout)
 
 
-# Issue 42, item 1: an ended request left in the map that used to gate each process's census
+# An ended request left in the map that used to gate each process's census
 # (the engine loop's live map, the async client's open groups) must not switch that census off.
 PLANT_LIVE_MAPS = '''
 import vlite.engine.serving.engine_loop as _el

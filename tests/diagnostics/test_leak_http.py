@@ -73,6 +73,6 @@ def test_http_all_paths_workload_is_clean_with_coverage_registries_and_zombie_ti
     assert f.zombies["step_source"] == "sampled" and f.zombies["distribution"]["max_steps"] is not None
     text = run_result_text(run)
     assert_no_none(text)
-    # a server on this host: its processes' anonymous memory, each by role (issue 42, item 5)
+    # a server on this host: its processes' anonymous memory, each by role
     assert "host-memory check" in text and set(run.info["processes"]) >= {"api_server", "engine_core"}
     assert set(f.host_memory["kind_growth"]["processes"]) == set(run.info["processes"])

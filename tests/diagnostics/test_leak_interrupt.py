@@ -89,7 +89,7 @@ def test_second_ctrl_c_exits_at_once(tiny_model_dir, tmp_path):
 
 
 def test_ctrl_c_during_calibration_stops_it_within_seconds(tiny_model_dir, tmp_path):
-    # issue 40: calibration (greedy runs that find stop tokens, before the replay) ignored Ctrl-C.
+    # calibration (greedy runs that find stop tokens, before the replay) ignored Ctrl-C.
     # 300 requests whose stop token is the 400th greedy token, on a 64-block pool that runs two
     # at a time: calibration alone would take minutes, so it is surely under way at the SIGINT.
     trace = tmp_path / "trace.jsonl"

@@ -1,4 +1,4 @@
-"""Issue 16: the leak check walks every engine path, says which it walked, inspects every
+"""The leak check walks every engine path, says which it walked, inspects every
 per-request registry, catches zombie requests, and explains blocks from evidence."""
 
 from __future__ import annotations

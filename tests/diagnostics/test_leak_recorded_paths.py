@@ -1,4 +1,4 @@
-"""Leak reports name the path the engine recorded, not a guess (issue 33, item 3): the finish
+"""Leak reports name the path the engine recorded, not a guess: the finish
 path a sequence took, whether its release raised or never ran, and both sites of a double free."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def _told(run: TargetRun, tmp_path: Path) -> tuple[str, set[str]]:
 
 def _check_run(run: TargetRun, kind: str) -> None:
     assert isinstance(run, TargetRun) and run.kind == kind
-    # a CLEAN run that walked no client abort exits 4 (issue 40), every other run by its verdict
+    # a CLEAN run that walked no client abort exits 4, every other run by its verdict
     expected = 4 if run.verdict == "CLEAN" and run.headline_not_exercised else exit_code(run.verdict)
     assert run.summary.startswith(run.verdict) and run.exit_code == expected
     assert run.info is run.result.info and run.samples is run.result.samples

@@ -318,7 +318,7 @@ def test_readiness_wait_fails_at_once_on_what_waiting_cannot_fix():
 
 
 def test_process_roles_name_the_api_server_engine_core_and_ranks():
-    """Issue 42 item 5 over --url: each process of a server's tree by its role (sleeping stand-ins:
+    """Over --url: each process of a server's tree by its role (sleeping stand-ins:
     an API server whose engine core spawned two workers)."""
     import psutil
 

@@ -1,4 +1,4 @@
-"""The bare `vlite leak-check` tests client aborts, and a run that did not says so (issue 40):
+"""The bare `vlite leak-check` tests client aborts, and a run that did not says so:
 defaults, the verdict line's caveat, exit code 4, and calibration that a Ctrl-C stops."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_defaults_abort_as_make_run_does_with_the_documented_request_count():
 
 
 def test_no_client_abort_is_not_a_plain_clean(tiny_model_dir, tmp_path):
-    # issue 40's command: a fault on the abort path, and no abort to walk it
+    # a fault on the abort path, and no abort to walk it
     res = CliRunner().invoke(app, ["leak-check", "--model", str(tiny_model_dir), "--num-requests", "20",
                                    "--abort-rate", "0", "--inject-fault", "skip-free-on-abort", "--report",
                                    str(tmp_path / "r")], env={"COLUMNS": "200"})

@@ -1,4 +1,4 @@
-"""Metric label cardinality (issue 42, item 6): a /metrics family whose series count grows with
+"""Metric label cardinality: a /metrics family whose series count grows with
 requests served is a LEAK named by the family and the label that grows; a fixed label set that
 fills up in the first waves is not. Recorded pages and fake servers only."""
 

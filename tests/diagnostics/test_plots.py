@@ -1,4 +1,4 @@
-"""memory.png and blocks.png show growth honestly (issue 35): an axis from 0 or a marked scale, the
+"""memory.png and blocks.png show growth honestly: an axis from 0 or a marked scale, the
 fitted growth per request and the verdict written in, on a GPU what moves, "zoomed" only when it is."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _threshold_line(low):
 
 
 def test_memory_threshold_line_starts_at_the_warm_up_level_not_the_origin():
-    # issue 40: the 1 MiB/request line drawn from (0, 0) left every point above it while the text
+    # the 1 MiB/request line drawn from (0, 0) left every point above it while the text
     # said "not rising"; it starts where the fit starts (the first idle point after warm-up)
     run = _run(_samples())
     fig = plots.memory_figure(run)

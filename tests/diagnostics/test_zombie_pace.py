@@ -1,4 +1,4 @@
-"""Zombies judged in the server's own pace (issue 40, item 1): a healthy `vlite serve` whose engine
+"""Zombies judged in the server's own pace: a healthy `vlite serve` whose engine
 steps take longer than the old 1 s wall-clock bound stays CLEAN over --url (the abort waits for the
 running step, so the blocks come back >1 s after the disconnect, but within a step); a planted
 zombie under the same slowness is still ZOMBIE, counted in engine steps. 127.0.0.1, bounded waits."""

@@ -161,7 +161,7 @@ def test_guard_catches_the_host_syncs_a_capture_forbids():
 
 
 def test_fused_rotary_store_writes_through_the_backends_store_without_a_sync():
-    """The fused rotary + KV store (the op of item 1 of issue 31: it went through the torch
+    """The fused rotary + KV store (the op that used to go through the torch
     store's ``bool(valid.all())``) stores through the Triton kernel: a padded (-1) token
     writes nothing and the others land in their slots, with no host sync."""
     t, hq, hkv, d = 3, 4, 2, 8

@@ -1,4 +1,4 @@
-"""The request-id census finds per-request state nobody registered (issue 33, item 1)."""
+"""The request-id census finds per-request state nobody registered."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class _Clock:
 
 
 def test_the_idle_census_runs_when_quiet_whatever_the_maps_hold_and_is_overdue_when_kept_busy(monkeypatch):
-    # issue 42: the census's idle point is the process's own (blockers empty, quiet for
+    # the census's idle point is the process's own (blockers empty, quiet for
     # CENSUS_QUIET_S); kept from it while no new work comes, it is overdue, naming what blocks it
     from vlite.engine import census as census_mod
     from vlite.engine.census import CensusResult, EndedRequests, IdleCensus

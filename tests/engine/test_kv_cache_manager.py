@@ -68,7 +68,7 @@ def test_double_free_fault_is_recorded_as_anomaly():
 
 
 def test_a_second_reference_by_the_same_sequence_is_an_anomaly_naming_both_allocations():
-    # issue 42: the ledger is keyed by (sequence, block); a second reference by the same holder
+    # the ledger is keyed by (sequence, block); a second reference by the same holder
     # used to replace the first record silently, so its leak ended "unattributed"
     bm = KVCacheManager(num_blocks=4, block_size=4)
     seq = make_seq(6)

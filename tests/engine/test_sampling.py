@@ -96,7 +96,7 @@ def test_streamed_text_equals_final_text(tiny_checkpoint):
 
 def test_logprobs_are_the_models_unfiltered_ones(tiny_checkpoint):
     """vLLM's raw_logprobs: top-k / temperature do not change the reported log-probabilities, and
-    tokens the filter removed keep their finite value (issue 12: they were -inf, the sampled one 0.0)."""
+    tokens the filter removed keep their finite value (not -inf, nor the sampled one 0.0)."""
     import math
 
     engine = make_engine(tiny_checkpoint)

@@ -152,7 +152,7 @@ class TestTwoRanks:
         assert (samples["rss_bytes"] > samples["worker_rss_bytes"]).all()  # the sum includes the engine process
 
     def test_leak_check_censuses_inside_every_worker(self, tp2_engine):
-        """Issue 42 item 7: per-request state that only a worker process holds is a LEAK, named by
+        """Per-request state that only a worker process holds is a LEAK, named by
         its container and rank; each rank's memory is read at every idle point."""
         from vlite.diagnostics.targets.inprocess import run_in_process
         from vlite.diagnostics.workload.sources import synthetic_workload

@@ -61,7 +61,7 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
 
 def test_the_build_notice_says_where_its_range_comes_from_and_the_end_gives_the_measured_time(
         monkeypatch, tmp_path, caplog):
-    # issue 40: "30-150 s" was promised and a busy 2-core EPYC took about 4 minutes
+    # a busy 2-core EPYC takes about 4 minutes: the notice must not promise "30-150 s"
     import logging
 
     import torch.utils.cpp_extension

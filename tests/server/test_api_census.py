@@ -1,4 +1,4 @@
-"""The API server's own request-id census (issue 33): `vlite serve` walks the API server process's
+"""The API server's own request-id census: `vlite serve` walks the API server process's
 objects at its idle points too, exports them in /metrics as `api_server.<path>` and shows both
 processes' censuses at /debug/census. Here the engine loop runs in a thread of the app's process,
 so the two censuses share a process and must not walk, or count, a container twice."""

@@ -24,7 +24,7 @@ from vlite.engine.worker.loader import ModelNotFoundError, resolve_model
     ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
     ({"stop": [""]}, "stop must be non-empty"),
-    # issue 12: non-finite and out-of-range floats, int64 seeds, booleans are not integers
+    # non-finite and out-of-range floats, int64 seeds, booleans are not integers
     ({"temperature": float("inf")}, "temperature must be a finite number"),
     ({"temperature": float("nan")}, "temperature must be a finite number"),
     ({"temperature": 1e-300}, r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"),

@@ -1,5 +1,5 @@
 """`vlite serve` leaves /health and /metrics out of its access log by default, as vLLM's
-``--disable-access-log-for-endpoints /health,/metrics`` would (issue 40: a leak check's 100 ms
+``--disable-access-log-for-endpoints /health,/metrics`` would (a leak check's 100 ms
 scrapes were 4,093 of a serve log's 4,431 lines); other routes still log a line each."""
 
 from __future__ import annotations

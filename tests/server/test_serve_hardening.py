@@ -1,4 +1,4 @@
-"""`vlite serve` against bad input (issue 12): a 4xx for every bad request, never a 5xx, never a stall.
+"""`vlite serve` against bad input: a 4xx for every bad request, never a 5xx, never a stall.
 
 One server (tiny random Llama) for the module. Each kind of fault has its issue's example plus
 the rest of its kind: every text field, every integer field, every float field.

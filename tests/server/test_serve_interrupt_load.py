@@ -1,5 +1,5 @@
 """Ctrl-C of `vlite serve` while the model loads stops the server: no "ready" after "Finished
-server process", exit 0 within seconds (issue 40). Real subprocesses, real signals.
+server process", exit 0 within seconds. Real subprocesses, real signals.
 
 The load is made to last 10 minutes: ``slow_load/sitecustomize.py`` on the server's PYTHONPATH
 puts a sleep before every ``LLMEngine`` (in the API server's process or the engine core's)."""

@@ -1,4 +1,4 @@
-"""A bounded schemathesis run over `vlite serve`'s /openapi.json (issue 12): every check, no 5xx,
+"""A bounded schemathesis run over `vlite serve`'s /openapi.json: every check, no 5xx,
 no response that disagrees with the document. The longer run is in docs/serve.md.
 
 positive_data_acceptance also accepts 400 here: some rules span several fields and a JSON schema

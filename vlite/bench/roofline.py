@@ -15,7 +15,7 @@ prompts, then decodes ``output_len - 1`` steps (the prefill samples the first to
 attending ``input_len + j`` tokens per sequence. Everything else (the norms' arithmetic, the
 sampler, launches) is left out: the bound is what no implementation can beat, not an estimate.
 
-Shapes in the docs: the issue 31 target is the 1.07B Llama-3.2-1B shape (``LLAMA_3_2_1B``).
+Shapes in the docs: the GPU check's target is the 1.07B Llama-3.2-1B shape (``LLAMA_3_2_1B``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ release history) are passed in ``skip`` and not entered. Tensors, modules, class
 pydantic's own objects (type adapters, compiled validators and serializers) are not entered either: a per-request tensor
 is found through the map that keys it, and a compiled schema is fixed when its class is built.
 
-Cost: one visit per reachable object; about 5-40 ms for a SmolLM2 engine (see docs/leak-check.md),
+Cost: one visit per reachable object; about 5-40 ms for a SmolLM2 engine (see docs/benchmarks.md, "Request-id census: cost per idle point"),
 so it runs only at idle points, never inside a step.
 """
 
@@ -40,7 +40,7 @@ logger = logging.getLogger("vlite.engine")
 # ended request ids (the most recent). An idle point is the process's own: the engine's when its
 # scheduler has no running or waiting sequence and no step ran for CENSUS_QUIET_S; the API
 # server's when no HTTP request (but an observer's) is in flight and none ended for CENSUS_QUIET_S.
-# What its per-request maps hold does not matter (issue 42: a leaked entry must not switch off
+# What its per-request maps hold does not matter (a leaked entry must not switch off
 # the census that would report it).
 CENSUS_INTERVAL_S = 1.0
 CENSUS_QUIET_S = 0.5

@@ -327,7 +327,7 @@ class EngineView:
         Call it at an idle point: a sequence id that is not live counts as ended. The bounded
         histories (``HISTORIES``) are not entered, nor the block pool's blocks and free queue
         (ints only, one per block). Costs one visit per reachable object (ms;
-        docs/leak-check.md), so never call it inside a step. ``skip``: more objects not to enter
+        docs/benchmarks.md, "Request-id census: cost per idle point"), so never call it inside a step. ``skip``: more objects not to enter
         (the caller's own bounded record of ended ids). ``exclude_modules``: packages whose
         module-level containers another census walks (``census.API_SERVER_MODULES`` when the API
         server shares this process). See ``census.request_census``.

@@ -1,6 +1,6 @@
 """The FastAPI app: OpenAI routes, /tokenize, /detokenize, /health, /version, /metrics, /debug.
 
-Two request-id censuses run at idle points (docs/leak-check.md): the engine loop's and this
+Two request-id censuses run at idle points (docs/architecture.md, "The leak check"): the engine loop's and this
 process's own (``vlite.entrypoints.census``, a task on the event loop); /metrics exports both
 (``vlite:ended_requests_held{container}``), /debug/census shows both with their request ids.
 

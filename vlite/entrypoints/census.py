@@ -1,5 +1,5 @@
 """The API server's request-id census: the engine's census (``vlite.engine.census``) run over
-what the API server process holds per request (issue 33).
+what the API server process holds per request.
 
 With the engine core in its own process (the default), the engine loop's census walks only the
 core's objects. The API server keeps per-request state of its own: the async client's maps
@@ -13,11 +13,11 @@ It runs on the event loop at the API server's own idle points: no HTTP request i
 the observers' (``/metrics``, ``/health``, ``/version``, ``/debug/*``;
 ``ServerState.requests_in_flight``) and none ended for ``CENSUS_QUIET_S``, requests ended since
 the last census, and at most once every ``CENSUS_INTERVAL_S``. What the async client's maps hold
-does not matter (issue 42: an ended request left in ``_groups`` used to keep the census from ever
-running again). A census due for ``CENSUS_OVERDUE_INTERVALS`` intervals while no HTTP request
+does not matter: an ended request left in ``_groups`` must not keep the census from ever
+running again. A census due for ``CENSUS_OVERDUE_INTERVALS`` intervals while no HTTP request
 started, but kept from its idle point (an HTTP request that never ends), is overdue: exported
 with what blocks it (``IdleCensus.overdue``). A request arriving meanwhile waits for the walk (ms;
-docs/leak-check.md has the cost).
+docs/benchmarks.md, "Request-id census: cost per idle point", has the cost).
 
 Its containers are named ``api_server.<path>`` (``api_server.client._groups``,
 ``api_server.vlite.entrypoints.serving_completion._SEEN``); the engine's keep their names

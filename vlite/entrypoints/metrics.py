@@ -94,7 +94,7 @@ class _EngineStatsCollector(Collector):
         yield from self._census_families(s)
 
     def _census_families(self, s: EngineStats) -> Iterator[Metric]:
-        """The request-id censuses at their last idle points (docs/leak-check.md): the engine
+        """The request-id censuses at their last idle points (docs/architecture.md, "The leak check"): the engine
         loop's (paths as ``engine.<path>``) and the API server process's (``api_server.<path>``;
         the two walk disjoint objects, so a container is counted once); pending is their sum; a
         census overdue (kept from its idle points, ``IdleCensus.overdue``) is one series per process

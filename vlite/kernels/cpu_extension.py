@@ -32,7 +32,7 @@ SOURCES = [_DIR / "cpu_bindings.cpp", _DIR / "cpu_paged_attention.cpp", _DIR / "
            _DIR / "cpu_gemm.cpp", _DIR / "cpu_sampling.cpp", _DIR / "cpu_decoder.cpp"]
 HEADERS = [_DIR / "cpu_amx.h", _DIR / "cpu_ops.h", _DIR / "cpu_prefetch.h", _DIR / "cpu_vec.h"]
 # What the build-time range in the notice rests on: the first builds measured for the README ("first
-# engine start"), and issue 40's on a 2-core EPYC that other tenants kept at load average 5-10.
+# engine start"), and one on a 2-core EPYC that other tenants kept at load average 5-10.
 BUILD_TIME = ("68-131 s where measured (68-75 s on a 2-vCPU Intel Xeon, 131 s on a 2-core AMD EPYC), about 4 min "
               "on a 2-core EPYC that other work kept busy")
 _lock = threading.Lock()

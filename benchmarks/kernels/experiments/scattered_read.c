@@ -1,6 +1,7 @@
 // Read bandwidth of one thread over 600 MB in 12 KB runs (one 16-token block of SmolLM2's K in
 // float32: 16 slots x 3 KV heads x 64), in the orders the decode attention kernel could use
-// (docs/kernels.md, the software prefetch; docs/benchmarks.md, the sixth session).
+// (docs/kernels.md, the software prefetch;
+// docs/benchmarks.md, "Runs of 2026-12-02 07:21-10:20, on an AMD Zen 4" and "Runs of 2026-12-02 12:36-15:30, on an AMD Zen 5").
 //   gcc -O2 -march=native benchmarks/kernels/experiments/scattered_read.c -o /tmp/scattered_read && /tmp/scattered_read
 // Run two at once to see both cores.
 #include <immintrin.h>

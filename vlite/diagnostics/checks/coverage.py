@@ -32,7 +32,7 @@ PATHS: dict[str, callable] = {
                                          + c.get("abort_states", {}).get("resumed", 0)) > 0,
     "abort after resumption": lambda c: c.get("abort_states", {}).get("resumed", 0) > 0,
 }
-# The request API (issue 33): every feature that takes its own engine path, and aborts of each
+# The request API: every feature that takes its own engine path, and aborts of each
 # request family in the states where its bookkeeping differs.
 _F = "features"
 PATHS.update({
@@ -56,7 +56,7 @@ PATHS.update({
     "abort (structured output)": lambda c: any(k.startswith("structured output:") and v > 0
                                                for k, v in c.get("aborts_by_family", {}).items()),
 })
-# Issue 42: refusals (a multi-prompt completion with one prompt refused after the others were
+# Refusals (a multi-prompt completion with one prompt refused after the others were
 # admitted, sglang#28380; a request refused once running) and a constraint aborted while waiting.
 PATHS.update({
     "multi-prompt request with one prompt rejected": lambda c: c.get("rejections", {}).get("sibling rejected", 0) > 0,

@@ -94,7 +94,7 @@ class Findings:
     unattributed_blocks: int
     attribution_available: bool
     notes: list[str] = field(default_factory=list)
-    # Issue 16: coverage of engine paths, zombie requests, per-request registries, blocks the
+    # Coverage of engine paths, zombie requests, per-request registries, blocks the
     # ledger cannot name (see coverage.py, zombie.py, registries.py, evidence.py).
     coverage: dict | None = None
     zombies: dict | None = None
@@ -102,14 +102,14 @@ class Findings:
     unattributed: list[dict] = field(default_factory=list)
     # The run was stopped early (Ctrl-C): what happened, in words (client.ReplayResult.interrupted).
     interrupted: str | None = None
-    # Issue 33: containers reachable from the engine that still hold ended requests (census.py)
+    # Containers reachable from the engine that still hold ended requests (census.py)
     census: dict | None = None
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
-    # Issue 42: /metrics families whose series count grows with requests served (cardinality.py)
+    # /metrics families whose series count grows with requests served (cardinality.py)
     cardinality: dict | None = None
-    # Issue 42: CUDA allocation sites whose live bytes grew (targets/gpu_alloc_trace.py); names, never judges
+    # CUDA allocation sites whose live bytes grew (targets/gpu_alloc_trace.py); names, never judges
     gpu_allocations: dict | None = None
-    # Issue 43: the wedge probe and output canary after an abort storm (targets/storm.py, --url)
+    # The wedge probe and output canary after an abort storm (targets/storm.py, --url)
     storm: dict | None = None
     # exceptions the engine raised on a path the run drove (checks/engine_errors.py)
     engine_errors: list[dict] = field(default_factory=list)
@@ -130,7 +130,7 @@ class Findings:
     @property
     def census_overdue(self) -> bool:
         """A server's census was kept from its idle points although the engine had drained (a
-        census a leak switched off, issue 42); with the engine still busy, the drain check and
+        census a leak switched off); with the engine still busy, the drain check and
         the zombie check speak instead."""
         return bool(self.census and self.census.get("overdue") and self.drain.quiescent)
 

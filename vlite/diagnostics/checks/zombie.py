@@ -8,7 +8,7 @@ release time and step from the bounded release history, output tokens); over HTT
 ``/debug/blocks``, else from the running-request gauge (the time, and the steps, from the last
 client of a wave leaving to ``vlite:num_requests_running`` reading 0).
 
-Threshold (documented in docs/leak-check.md), in the server's own pace: an abort lands at the
+Threshold (documented in docs/architecture.md, "The leak check"), in the server's own pace: an abort lands at the
 next step boundary at best, so on a slow engine a healthy release can come seconds after the
 disconnect. A request is a ZOMBIE when its blocks outlived its client by more than
 ``threshold_steps`` engine steps (default 2, ``--zombie-threshold-steps``). The step at the

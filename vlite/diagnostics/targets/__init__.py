@@ -3,4 +3,4 @@
 (``http``), against any OpenAI-compatible server as a black box (``blackbox``: its ``/metrics``
 page through one adapter per server kind, its process tree's memory), watching a server without
 sending a request (``watch``), judging a range Prometheus holds (``prometheus_range``), or after
-the fact from a server's stats log (``from_log``). See docs/leak-check.md."""
+the fact from a server's stats log (``from_log``). See docs/leak-check/README.md."""

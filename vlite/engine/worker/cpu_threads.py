@@ -6,7 +6,7 @@ and vlite's C++ kernels (built with ``-fopenmp``) resolve to that same loaded ``
 runtime, one set of settings. After each parallel region an idle thread spins before it sleeps:
 300,000 spins when ``OMP_WAIT_POLICY`` is unset (a few ms; libgomp's ``GOMP_SPINCOUNT`` docs).
 Beside a busy neighbour on a small machine those spinning threads and the neighbour share the
-cores, and every barrier waits for a thread that lost its time slice: issue 40 measured W1 15x
+cores, and every barrier waits for a thread that lost its time slice: W1 ran 15x
 slower beside one busy process (transformers 2.5x). vlite sets ``GOMP_SPINCOUNT=1000``: a
 thread spins about a microsecond, long enough for the next region of a step that follows at once,
 then sleeps and lets the neighbour run. Measured on 2 cores (docs/benchmarks.md, "Beside other

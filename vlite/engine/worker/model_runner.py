@@ -67,7 +67,7 @@ def copy_kv_blocks(kv_caches: list[tuple[torch.Tensor, torch.Tensor]], src: torc
     One gather (``index_select``) and one indexed copy (``index_copy_``) along the block dim per
     cache tensor. The scattered assignment it replaces (``k_cache[dst] = k_cache[src]``, i.e.
     ``index_put_``) took 972 ms for one pair over 30 layers beside a busy process on 2 cores, against
-    about 1 ms in one thread (issue 40; docs/benchmarks.md, "Beside other work"). Neither op
+    about 1 ms in one thread (docs/benchmarks.md, "Beside other work"). Neither op
     reads the ids on the host: no host sync on a GPU.
     """
     for k_cache, v_cache in kv_caches:
