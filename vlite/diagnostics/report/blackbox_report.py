@@ -1,7 +1,7 @@
 """The sections of a black-box check or a ``--from-log`` post-mortem: pure functions from the
 result's facts to ``Section``s and report.json fields, its PNG plots, and reproducer.jsonl (with
 the reproducer as curl commands in report.md). ``report/target_report.py`` formats and writes
-them; the schema of report.json is documented in docs/leak-check.md.
+them; the schema of report.json is documented in docs/reference.md.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _trace_row(spec) -> dict:
 
 
 def curl_command(spec, base_url: str) -> str:
-    """A curl command that approximates the request's client action (see docs/leak-check.md)."""
+    """A curl command that approximates the request's client action (see docs/reference.md)."""
     a = spec.action
     body = {"prompt": f"repro-{spec.request_id} {spec.prompt}", "max_tokens": spec.max_tokens,
             "temperature": spec.temperature, "ignore_eos": spec.ignore_eos, "stream": a.streams}

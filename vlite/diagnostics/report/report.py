@@ -1,6 +1,6 @@
 """The sections of an in-process or ``vlite serve`` run's report: pure functions from the run's
 findings (``checks/detect.Findings``), samples and replay to ``Section``s and report.json fields.
-``report/target_report.py`` formats them; report.json is documented in docs/leak-check.md.
+``report/target_report.py`` formats them; report.json is documented in docs/reference.md.
 """
 
 from __future__ import annotations
