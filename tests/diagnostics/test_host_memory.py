@@ -246,3 +246,23 @@ def test_a_step_in_one_tensor_parallel_worker_is_not_a_leak_of_that_rank():
     result = host_memory_check(_anon_points([sum(p.values()) for p in procs], processes=procs))
     assert result["verdict"] == "one step", result
     assert not result["processes"]["tp_rank0"]["keeps_growing"] and result["processes"]["tp_rank0"]["step"]
+
+
+def test_growth_still_settling_over_few_idle_points_is_too_short_not_a_leak():
+    """The bare command's 5 idle points on a clean tree: anonymous memory rising at a falling rate
+    per request (allocator warm-up) fits a narrow late-half slope over 3 points; that is no HOST-LEAK,
+    and the verdict names the rerun that gives 8 idle points."""
+    xs = [0, 19, 35, 51, 63]
+    anon = [int(v * 2**20) for v in (1029.5, 1092.9, 1123.0, 1149.1, 1167.9)]
+    pts = [types.SimpleNamespace(requests_completed=x, host={"anon_swap_bytes": a, "containers": {}})
+           for x, a in zip(xs, anon)]
+    result = host_memory_check(pts)
+    assert result["verdict"] == "too short", result
+    text = "\n".join(host_memory_lines(result))
+    assert "too short to tell warm-up from a leak" in text and "--num-requests 111 --idle-every 16" in text
+    falling = [int(v * 2**20) for v in (1000, 1100, 1180, 1240, 1285, 1320, 1345, 1362)]
+    pts = [types.SimpleNamespace(requests_completed=16 * i, host={"anon_swap_bytes": a, "containers": {}})
+           for i, a in enumerate(falling)]
+    result = host_memory_check(pts)
+    assert result["verdict"] == "too short" and "growth per request fell at every idle point" in "\n".join(
+        host_memory_lines(result)), result

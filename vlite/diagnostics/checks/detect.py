@@ -266,8 +266,8 @@ class Findings:
             short = (self.host_memory or {}).get("verdict") == "too short"
             return (f"CLEAN: drain invariant holds ({self.drain.num_free_blocks} free + {self.drain.num_cached_blocks} "
                     f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind"
-                    + ("; host memory: no verdict, the run is too short to tell a one-time step from a leak "
-                       "(the host-memory line says how many requests it needs)" if short else ""))
+                    + ("; host memory: no verdict, the run is too short to tell warm-up or a one-time step "
+                       "from a leak (the host-memory line says how many requests it needs)" if short else ""))
         parts = []
         if self.drain.deficit_blocks or self.leaked_blocks:
             reqs = {b["request_id"] for b in self.leaked_blocks}

@@ -44,6 +44,13 @@ MIN_POINTS = 5  # idle points for a plateau test: 2 for the early slope, 3 (2 in
 # after the step keep growing: MIN_AFTER_STEP of them (3 intervals, 2 degrees of freedom for a CI).
 STEP_FACTOR = 3.0
 MIN_AFTER_STEP = 4
+# Anonymous memory: a slope over the later half needs MIN_LATE_POINTS idle points there (2 degrees
+# of freedom): three nearly collinear points give a narrow CI by chance, and allocator warm-up that
+# settles slowly (growth per request falling from interval to interval) looks linear over three.
+MIN_LATE_POINTS = 4
+# Growth still settling: the later half's per-interval rates fall at every interval, and the last
+# is below TAPER_RATIO of the first interval's rate. A longer run tells it from a leak.
+TAPER_RATIO = 0.75
 
 
 def anon_swap_bytes(pids: Iterable[int]) -> int | None:
@@ -123,11 +130,13 @@ def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     requests_per_point} (y-units; slopes per x-unit) or None.
     """
     out = plateau_test(xs, ys, threshold)
-    out.update(step=None, step_only=False, too_short=False, min_after_step=MIN_AFTER_STEP)
+    out.update(step=None, step_only=False, too_short=False, min_after_step=MIN_AFTER_STEP, settling=None)
     if not (out["keeps_growing"] or out["inconclusive"]):
         return out
     j = largest_step(xs, ys, threshold)
     if j is None:
+        if out["keeps_growing"]:
+            _too_short_for_a_slope(xs, ys, out)
         return out
     after = _fit(xs[j + 1:], ys[j + 1:]) if len(xs) - j - 1 >= MIN_AFTER_STEP else None
     gaps = sorted(b - a for a, b in zip(xs, xs[1:]))
@@ -145,6 +154,24 @@ def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     else:
         out["inconclusive"] = True
     return out
+
+
+def _too_short_for_a_slope(xs: list[float], ys: list[float], out: dict) -> None:
+    """Turn a ``keeps_growing`` over too few late points, or over growth still settling, into
+    ``too_short`` (``settling`` says which and what the run needs)."""
+    gaps = sorted(b - a for a, b in zip(xs, xs[1:]))
+    rates = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]) if x1 > x0]
+    late = rates[len(xs) // 2 - 1:] if len(xs) >= 4 else rates
+    few = len(xs) - len(xs) // 2 < MIN_LATE_POINTS
+    falling = len(late) >= 2 and all(b < a for a, b in zip(late, late[1:])) and late[-1] < TAPER_RATIO * rates[0]
+    if not (few or falling):
+        return
+    out["keeps_growing"] = False
+    out["too_short"] = True
+    out["settling"] = {"reason": "few late points" if few else "growth per request still falling",
+                       "points": len(xs), "points_needed": max(2 * MIN_LATE_POINTS, len(xs) + 3),
+                       "requests_per_point": gaps[len(gaps) // 2] if gaps else 0.0,
+                       "first_rate": rates[0] if rates else None, "last_rate": rates[-1] if rates else None}
 
 
 def keeps_growing_steadily(xs: list[float], ys: list[float], threshold: float) -> bool:
@@ -317,6 +344,16 @@ def too_short_line(result: dict) -> str:
     that give them (``--num-requests`` at the run's spacing of idle points, ``--idle-every``)."""
     tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
     t = next(t for t in tests if t.get("too_short"))
+    if t.get("settling"):
+        se = t["settling"]
+        every = max(1, int(round(se["requests_per_point"])))
+        total = int(math.ceil(result.get("last_requests", 0) + (se["points_needed"] - se["points"]) * every))
+        why = (f"{se['points']} idle points, and a slope over the later half needs {MIN_LATE_POINTS} there"
+               if se["reason"] == "few late points" else
+               f"growth per request fell at every idle point ({se['first_rate'] / 1024:.0f} -> "
+               f"{se['last_rate'] / 1024:.0f} KiB/request): warm-up still settling, or a leak under it")
+        return (f"host memory: too short to tell warm-up from a leak: {why}; rerun with --num-requests {total} "
+                f"--idle-every {every} ({se['points_needed']} idle points); no verdict on host memory")
     st, need = t["step"], t["min_after_step"]
     more = need - st["after_points"]
     every = max(1, int(round(st["requests_per_point"])))
