@@ -12,8 +12,7 @@ import pytest
 import torch
 from conftest import make_engine
 
-from vlite.diagnostics.report.report import extra_lines
-from vlite.diagnostics.targets.gpu_alloc_trace import (
+from vlite.diagnostics.readers.gpu_alloc_trace import (
     GpuAllocationTrace,
     HttpRecorder,
     TorchRecorder,
@@ -21,6 +20,7 @@ from vlite.diagnostics.targets.gpu_alloc_trace import (
     site_growth,
     snapshot_growth,
 )
+from vlite.diagnostics.report.report import extra_lines
 from vlite.diagnostics.targets.inprocess import run_in_process
 from vlite.diagnostics.workload.sources import synthetic_workload
 from vlite.engine import cuda_alloc_sites

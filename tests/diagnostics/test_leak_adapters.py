@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from fake_http import QuietHandler, ServerPool
 
-from vlite.diagnostics.readers.metrics_text import parse_page
-from vlite.diagnostics.targets.adapters import (
+from vlite.diagnostics.readers.adapters import (
     ADAPTERS,
     METRIC_NAMES,
     NO_ABORT_COUNTER,
@@ -21,6 +20,7 @@ from vlite.diagnostics.targets.adapters import (
     markdown_table,
     slots_occupancy,
 )
+from vlite.diagnostics.readers.metrics_text import parse_page
 from vlite.diagnostics.targets.connection import connect
 
 FIX = Path(__file__).parent / "fixtures"
@@ -122,7 +122,7 @@ def test_one_table_of_names_in_code_and_docs():
     table_names = {m.series.split("{")[0] for m in METRIC_NAMES}
     for a in ADAPTERS.values():
         assert set(a.markers) <= table_names, a.kind
-    # the docs print the same table (regenerate: python -m vlite.diagnostics.targets.adapters)
+    # the docs print the same table (regenerate: python -m vlite.diagnostics.readers.adapters)
     assert markdown_table() in DOCS.read_text()
 
 

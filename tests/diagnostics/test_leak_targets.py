@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vlite.diagnostics.readers.adapters import UnknownServerError, detect_kind
 from vlite.diagnostics.readers.metrics_text import MetricsFormatError, parse_page
-from vlite.diagnostics.targets.adapters import UnknownServerError, detect_kind
+from vlite.diagnostics.readers.process import GpuProcessMemory, ProcessTreeProbe
 from vlite.diagnostics.targets.blackbox import design_waves, fit_leak_per_action
-from vlite.diagnostics.targets.process import GpuProcessMemory, ProcessTreeProbe
 from vlite.diagnostics.workload.sources import synthetic_workload
 
 FIX = Path(__file__).parent / "fixtures"
@@ -113,7 +113,7 @@ def process_tree():
 
 def test_process_tree_rss_and_nvml_per_pid_memory(process_tree):
     parent, child = process_tree
-    from vlite.diagnostics.targets.process import process_roles
+    from vlite.diagnostics.readers.process import process_roles
 
     assert process_roles(parent) == {"api_server": parent, "engine_core": child}  # one child: the engine core
     probe = ProcessTreeProbe(parent, GpuProcessMemory(nvml=_FakeNvml(child)))
@@ -245,7 +245,7 @@ def test_from_log_report_is_written_with_a_single_file_html(tmp_path):
 def test_listening_pid_finds_this_process():
     import socket
 
-    from vlite.diagnostics.targets.process import is_local_url, listening_pid
+    from vlite.diagnostics.readers.process import is_local_url, listening_pid
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -322,7 +322,7 @@ def test_process_roles_name_the_api_server_engine_core_and_ranks():
     an API server whose engine core spawned two workers)."""
     import psutil
 
-    from vlite.diagnostics.targets.process import process_roles
+    from vlite.diagnostics.readers.process import process_roles
 
     grandchild = "import time; time.sleep(60)"
     core = (f"import subprocess,sys,time; ws=[subprocess.Popen([sys.executable,'-c',{grandchild!r}]) for _ in range(2)]; "

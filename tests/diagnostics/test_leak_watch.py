@@ -19,8 +19,8 @@ import httpx
 import pytest
 from serve_harness import ServerProcess, read_metrics, running, wait_drained
 
+from vlite.diagnostics.readers.adapters import MetricsReading
 from vlite.diagnostics.report.watch_report import write_watch_report
-from vlite.diagnostics.targets.adapters import MetricsReading
 from vlite.diagnostics.targets.connection import connect
 from vlite.diagnostics.targets.watch import Watcher, watch
 

@@ -72,8 +72,8 @@ def test_watch_follows_the_server_log_and_alerts_once_per_message(tmp_path):
     import httpx
     from fake_http import QuietHandler, ServerPool
 
+    from vlite.diagnostics.readers.adapters import detect_kind
     from vlite.diagnostics.readers.metrics_text import parse_page
-    from vlite.diagnostics.targets.adapters import detect_kind
     from vlite.diagnostics.targets.connection import Connection
     from vlite.diagnostics.targets.watch import watch
 

@@ -107,7 +107,7 @@ class Findings:
     host_memory: dict | None = None  # host_memory.host_memory_check: its own verdict, HOST-LEAK
     # /metrics families whose series count grows with requests served (cardinality.py)
     cardinality: dict | None = None
-    # CUDA allocation sites whose live bytes grew (targets/gpu_alloc_trace.py); names, never judges
+    # CUDA allocation sites whose live bytes grew (readers/gpu_alloc_trace.py); names, never judges
     gpu_allocations: dict | None = None
     # The wedge probe and output canary after an abort storm (targets/storm.py, --url)
     storm: dict | None = None

@@ -25,7 +25,7 @@ def extra_lines(f) -> list[str]:
     """Coverage, zombie and registry lines (console and report.md)."""
     from vlite.diagnostics.checks import cache_probe, coverage, host_memory, zombie
     from vlite.diagnostics.checks.storm import lines as storm_lines
-    from vlite.diagnostics.targets import gpu_alloc_trace
+    from vlite.diagnostics.readers import gpu_alloc_trace
 
     out = coverage.lines(f.coverage) + zombie.lines(f.zombies) + host_memory.lines(f.host_memory)
     out += gpu_alloc_trace.lines(getattr(f, "gpu_allocations", None))

@@ -1,7 +1,7 @@
 """Black-box leak check of any OpenAI-compatible server: only ``/metrics`` and process memory.
 
 No ledger and no ``/debug/blocks``: the server is read through its adapter
-(``targets/adapters.py``), and the replay is designed so that the numbers alone can say which
+(``readers/adapters.py``), and the replay is designed so that the numbers alone can say which
 client action leaves KV cache behind.
 
 1. **Waves** whose mix of client actions differs from wave to wave (seeded). After each wave the
@@ -38,10 +38,10 @@ from vlite.diagnostics.checks.cardinality import cardinality_check, series_count
 from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
 from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.process import ProcessTreeProbe, is_local_url, listening_pid
+from vlite.diagnostics.readers.samplers import Sampler
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, BlackboxDriver, Connection, NullProbe
-from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
-from vlite.diagnostics.targets.samplers import Sampler
 from vlite.diagnostics.targets.zombie_blackbox import apply_to, zombie_check_blackbox
 from vlite.diagnostics.workload.actions import ABORT_KINDS, ACTION_KINDS, ClientAction, plan_action
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from vlite.diagnostics.readers.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
 from vlite.diagnostics.readers.metrics_text import MetricsFormatError, parse_page
-from vlite.diagnostics.targets.adapters import Adapter, MetricsReading, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.base import TargetError
 from vlite.diagnostics.targets.control import checked, failed
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready

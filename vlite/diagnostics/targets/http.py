@@ -20,13 +20,13 @@ from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_ch
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
 from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.readers.metrics_text import labelled_values, parse_page
+from vlite.diagnostics.readers.process import listening_pid, process_roles
+from vlite.diagnostics.readers.samplers import MemoryProbe, Sampler
 from vlite.diagnostics.targets import control
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
-from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, HttpRecorder
 from vlite.diagnostics.targets.openai_client import send_request, wait_ready
-from vlite.diagnostics.targets.process import listening_pid, process_roles
-from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult
 from vlite.diagnostics.workload.sources import RequestSpec
 

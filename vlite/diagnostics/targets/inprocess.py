@@ -32,11 +32,11 @@ from vlite.diagnostics.checks.engine_errors import engine_error
 from vlite.diagnostics.checks.host_memory import anon_swap_bytes, host_memory_check
 from vlite.diagnostics.checks.kind_growth import request_kind, served_by_point
 from vlite.diagnostics.checks.result import RunResult
-from vlite.diagnostics.targets.alloc_trace import AllocationTrace
+from vlite.diagnostics.readers.alloc_trace import AllocationTrace
+from vlite.diagnostics.readers.gpu_alloc_trace import GpuAllocationTrace, TorchRecorder
+from vlite.diagnostics.readers.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun
 from vlite.diagnostics.targets.census_view import census_findings
-from vlite.diagnostics.targets.gpu_alloc_trace import GpuAllocationTrace, TorchRecorder
-from vlite.diagnostics.targets.samplers import MemoryProbe, Sampler, view_block_stats
 from vlite.diagnostics.workload.all_paths import is_extra_probe
 from vlite.diagnostics.workload.replay import IdlePoint, ReplayResult, RequestResult, render_prompt
 from vlite.diagnostics.workload.sources import RequestSpec, engine_request_ids, expand_prompts

@@ -28,8 +28,8 @@ from collections.abc import Callable
 import httpx
 
 from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.adapters import METRIC_NAMES, UnknownServerError, detect_kind
 from vlite.diagnostics.readers.metrics_text import MetricsPage, Sample
-from vlite.diagnostics.targets.adapters import METRIC_NAMES, UnknownServerError, detect_kind
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES
 from vlite.diagnostics.targets.watch import DEFAULT_STUCK_AFTER_S, Alert, Watcher, WatchResult

@@ -3,7 +3,7 @@
 Operators notice leaks over hours (vllm#27073: KV usage stuck near 100% for 6 h; vllm#44175:
 +0.57 GiB over 12 h) and cannot point a replay with aborts at production. ``vlite leak-check
 --watch --url URL`` only scrapes: ``/metrics`` (through the server's adapter,
-``targets/adapters.py``) and, when the server runs on this host, its process tree's memory. The
+``readers/adapters.py``) and, when the server runs on this host, its process tree's memory. The
 same judge reads a range a Prometheus server already holds (``prometheus_range.py``).
 
 **Idle points.** A natural idle point is the end of the first ``idle_scrapes`` scrapes in a row
@@ -50,7 +50,7 @@ import pandas as pd
 
 from vlite.diagnostics.checks.host_memory import ANON_SLOPE_BYTES, MIN_POINTS, step_test
 from vlite.diagnostics.checks.verdict import Verdict
-from vlite.diagnostics.targets.adapters import MetricsReading
+from vlite.diagnostics.readers.adapters import MetricsReading
 from vlite.diagnostics.targets.base import TargetPlan, TargetRun, exit_code
 from vlite.diagnostics.targets.connection import IDLE_SCRAPES, Connection
 
@@ -337,7 +337,7 @@ def local_memory(url: str, server_pid: int | None = None):
     """A callable returning ``{"bytes", "source"}`` for the server's process tree on this host
     (``RssAnon + VmSwap``, else RSS), or None when the server is not local / not found."""
     from vlite.diagnostics.checks.host_memory import anon_swap_bytes
-    from vlite.diagnostics.targets.process import ProcessTreeProbe, is_local_url, listening_pid
+    from vlite.diagnostics.readers.process import ProcessTreeProbe, is_local_url, listening_pid
 
     pid = server_pid if server_pid is not None else (listening_pid(url) if is_local_url(url) else None)
     if pid is None:

@@ -48,7 +48,7 @@ import httpx
 from vlite.diagnostics.checks.pace import quantile
 from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_STEPS, wall_clock_bound
-from vlite.diagnostics.targets.adapters import NO_ABORT_COUNTER, MetricsReading
+from vlite.diagnostics.readers.adapters import NO_ABORT_COUNTER, MetricsReading
 from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
 from vlite.diagnostics.targets.openai_client import send_request
 from vlite.diagnostics.workload.actions import ClientAction

@@ -17,7 +17,7 @@ with ``frames`` innermost first (``_memory_viz`` reverses them for its flame gra
 for a block allocated before recording began. ``live_sites`` folds a snapshot into live bytes
 per allocation site; ``leak-check --trace-gpu-allocations`` (in process) and
 ``/debug/gpu_allocations`` (``vlite serve --enable-debug-endpoints``) read it at idle points, and
-``vlite.diagnostics.targets.gpu_alloc_trace`` diffs two of them.
+``vlite.diagnostics.readers.gpu_alloc_trace`` diffs two of them.
 
 The recording is per process: it sees the allocations of the process it runs in (the engine's,
 or the engine core's under ``vlite serve``), not those of tensor-parallel worker processes.

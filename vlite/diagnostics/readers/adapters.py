@@ -7,7 +7,7 @@ counter (what the black-box zombie check compares with the client's own aborts).
 
 Every series name any adapter reads is in ONE table, ``METRIC_NAMES`` (kind, role, series, the
 version the name was read from and how); docs/reference.md ("Server adapters") prints the same table and a test
-keeps the two equal. ``python -m vlite.diagnostics.targets.adapters`` prints it as Markdown.
+keeps the two equal. ``python -m vlite.diagnostics.readers.adapters`` prints it as Markdown.
 Sums run over every label set (vLLM's ``engine`` label: one series per engine core).
 llama.cpp's current builds export no KV gauge: its adapter reads ``GET /slots`` (``extra_paths``).
 """
