@@ -168,3 +168,21 @@ def test_fleet_gets_the_verdict_of_the_older_spelling():
         pool.close()
     assert a.exit_code == b.exit_code == 1, a.output + b.output
     assert "verdict: ZOMBIE" in a.output and "verdict: ZOMBIE" in b.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["log"], "missing FILE: the server's log file"),
+    (["--from-log"], "missing FILE: the server's log file"),
+    (["scenario"], "missing NAME: all, or one of: abort-waiting"),
+    (["blackbx", "--url", "http://127.0.0.1:9"], "no subcommand 'blackbx'; did you mean blackbox?"),
+    (["nope"], "no subcommand 'nope' (subcommands: replay, url, blackbox"),
+])
+def test_a_missing_argument_or_an_unknown_subcommand_is_one_line_that_names_it(args, words):
+    res = _invoke(*args)
+    assert res.exit_code == 2 and words in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_one_line_option_help_is_not_cut_at_an_abbreviation():
+    res = CliRunner().invoke(app, ["leak-check", "prometheus", "--help"], env={"COLUMNS": "100"})
+    assert "How far back, e.g. 90s" in res.output, res.output

@@ -6,6 +6,8 @@ bad value (out of range, not a number, a missing option) is one line instead of 
 
 from __future__ import annotations
 
+import difflib
+
 from typer._click import exceptions as click_exc
 from typer.core import TyperGroup
 
@@ -113,6 +115,11 @@ def _given(args: list[str], opts: list[str]) -> str | None:
 def one_line(cmd_path: str, exc: click_exc.UsageError, args: list[str]) -> None:
     """A click usage error as one line on stderr, exit 2: the option, what was wrong, what is allowed."""
     param = getattr(exc, "param", None)
+    if isinstance(exc, click_exc.MissingParameter) and param is not None:
+        name = (param.metavar or param.name.upper()) if param.param_type_name == "argument" else param.opts[0]
+        words = (getattr(param, "help", None) or "").rstrip(".")
+        what = f": {words[:1].lower()}{words[1:]}" if words else ""
+        common.fail(f"missing {name}{what} (usage: `{cmd_path} {name}`, or `{cmd_path} --help`)")
     if isinstance(exc, click_exc.BadParameter) and param is not None and getattr(param, "opts", None):
         lo, hi = getattr(param, "min", None), getattr(param, "max", None)
         allowed = (f"between {lo} and {hi}" if lo is not None and hi is not None
@@ -131,6 +138,10 @@ class LeakCheckGroup(TyperGroup):
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         args = list(args)
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            near = difflib.get_close_matches(args[0], list(self.commands), n=1)
+            common.fail(f"no subcommand {args[0]!r}{f'; did you mean {near[0]}?' if near else ''} "
+                        f"(subcommands: {', '.join(self.commands)})")
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
             args = route(args)
         if args[0] in self.commands:

@@ -3,6 +3,8 @@ options as a list of flags) so that it fits a screen; ``--help-all`` every optio
 
 from __future__ import annotations
 
+import re
+
 from vlite.cli import common
 from vlite.cli.leak_check import options as o
 from vlite.cli.leak_check.group import OneLineErrors
@@ -53,5 +55,5 @@ def _flag_lines(flags: list[str], width: int) -> list[str]:
 def _cut(text: str, room: int) -> str:
     """``text`` up to its first sentence's end, cut to ``room`` characters."""
     text = text.split(" [default")[0].split(" [x")[0]
-    text = text.split(". ")[0].rstrip(".")
+    text = re.split(r"(?<!\be\.g)(?<!\bi\.e)\. ", text)[0].rstrip(".")
     return text if len(text) <= room else text[:room - 3].rstrip() + "..."

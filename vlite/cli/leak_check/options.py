@@ -95,7 +95,7 @@ def _show_all(ctx: typer.Context, value: bool) -> None:
 
 REPORT = {
     "report": (Path | None, _opt(None, "--report", panel=None,
-                                           help="Write report.json, samples.csv, report.md, PNGs here.")),
+                                           help="Write report.json, report.md, report.html, samples.csv and PNGs here.")),
     "help_all": (bool, typer.Option(False, "--help-all", is_eager=True, callback=_show_all,
                                     help="Every option's whole help, defaults and ranges.")),
 }

@@ -229,6 +229,6 @@ class LogTarget:
             LogError: the file cannot be read, or no line in it is a stats line.
         """
         res = analyze_log(self.path)
-        plan.on_line(f"leak-check --from-log {self.path}: {res.info['stats_lines']} stats lines "
+        plan.on_line(f"leak-check log {self.path}: {res.info['stats_lines']} stats lines "
                      f"({res.info['unparsable_lines']} unparsable, {res.info['other_lines']} other lines)")
         return res.as_target_run(self.kind)

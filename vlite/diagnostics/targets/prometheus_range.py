@@ -342,7 +342,7 @@ class PrometheusTarget:
         Raises:
             PrometheusError: Prometheus unreachable or refusing, or nothing of the job to judge.
         """
-        plan.on_line(f"leak-check --prometheus {self.describe()}")
+        plan.on_line(f"leak-check prometheus: {self.describe()}")
         res = judge_range(self.prometheus, self.job, self.since_s, step_s=self.step_s, instance=self.instance,
                           end=self.end, server_kind=self.server_kind, stuck_after_s=self.stuck_after_s,
                           on_line=plan.on_line, client=self.client, label=self.label)

@@ -163,7 +163,7 @@ def arrival_offsets(rng: random.Random, n: int, request_rate: float) -> list[flo
     if request_rate == float("inf"):
         return [0.0] * n
     if request_rate <= 0:
-        raise WorkloadError(f"request rate must be > 0 req/s (or inf), got {request_rate}")
+        raise WorkloadError(f"--request-rate {request_rate}: must be > 0 requests/s, or inf (all at once)")
     t, out = 0.0, []
     for _ in range(n):
         out.append(t)
@@ -173,7 +173,7 @@ def arrival_offsets(rng: random.Random, n: int, request_rate: float) -> list[flo
 
 def _check_range(name: str, lo: int, hi: int) -> None:
     if lo < 1 or hi < lo:
-        raise WorkloadError(f"{name} range must be 1 <= min <= max, got {lo}..{hi}")
+        raise WorkloadError(f"{name} {lo}:{hi}: must be MIN:MAX tokens with 1 <= MIN <= MAX")
 
 
 def seeded_arrivals(num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int],
@@ -186,8 +186,8 @@ def seeded_arrivals(num_requests: int, input_len: tuple[int, int], output_len: t
     """
     if num_requests < 1:
         raise WorkloadError(f"num requests must be >= 1, got {num_requests}")
-    _check_range("input length", *input_len)
-    _check_range("output length", *output_len)
+    _check_range("--input-len", *input_len)
+    _check_range("--output-len", *output_len)
     rng = random.Random(seed)
     return rng, arrival_offsets(rng, num_requests, request_rate)
 
