@@ -86,7 +86,7 @@ def test_log_target_on_recorded_logs(tmp_path):
     run = clean.run(plan)
     _check_run(run, "log")
     assert run.verdict == "CLEAN" and run.exit_code == 0 and run.info["target"] == "log"
-    assert len(lines) == 1 and lines[0].startswith(f"leak-check --from-log {clean.path}: ")
+    assert len(lines) == 1 and lines[0].startswith(f"leak-check log {clean.path}: ")
     run = leaky.run(_plan()[0])
     assert run.verdict == "LEAK" and run.exit_code == 1 and run.result.unit == "blocks"
     text, names = _told(run, tmp_path)
@@ -107,7 +107,7 @@ def test_prometheus_target_on_a_recorded_range(tmp_path):
     run = target.run(plan)
     _check_run(run, "prometheus")
     assert run.verdict == "LEAK" and run.replay is None and run.info["mode"] == "prometheus"
-    assert lines[0] == f"leak-check --prometheus {target.describe()}" and any(ln.startswith("ALERT kv-held")
+    assert lines[0] == f"leak-check prometheus: {target.describe()}" and any(ln.startswith("ALERT kv-held")
                                                                               for ln in lines)
     text, names = _told(run, tmp_path)
     assert "TIMING LINE" not in text and names == {"report.json", "report.md", "report.html", "samples.csv"}
