@@ -114,7 +114,9 @@ def workdir(tmp_path) -> Path:
 @pytest.mark.parametrize("commands", list(_blocks_to_run()))
 def test_documented_block(commands: list[DocCommand], doc_model: str, workdir: Path):
     """Run the block's commands in order; each gives the exit code and verdict its comment claims."""
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    # one OpenMP thread a process, as the serve harness runs them: a server and the client that checks it
+    # share 2 cores, and a server spinning on both delays the aborts it is judged on
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     session = BlockSession(workdir, doc_model, env)
     skipped, failures = [], []
     try:
