@@ -266,3 +266,46 @@ def test_growth_still_settling_over_few_idle_points_is_too_short_not_a_leak():
     result = host_memory_check(pts)
     assert result["verdict"] == "too short" and "growth per request fell at every idle point" in "\n".join(
         host_memory_lines(result)), result
+
+
+def _series(start_mib: float, rises_mib: list[float], every: int) -> list[types.SimpleNamespace]:
+    anon, pts = start_mib * _MIB, []
+    for i, rise in enumerate([0.0, *rises_mib]):
+        anon += rise * _MIB
+        pts.append(types.SimpleNamespace(requests_completed=every * i,
+                                         host={"anon_swap_bytes": int(anon), "containers": {}}))
+    return pts
+
+
+def test_growth_in_shrinking_steps_flat_between_them_is_not_a_leak():
+    """`--workload kind-waves` on a clean tree: each logprobs wave doubles a buffer (+49.6, +47.4,
+    +23.7, +11.9 MiB), flat between (~25 KiB/request); the fit after the first step reads that as
+    ~1 MiB/request with a CI above the threshold."""
+    rises = [0.59, 0.12, 0.11, 49.61, 47.35, 0.05, 0.05, 0.05, 0.07, 0.11, 23.68, 0.04, 0.03, 0.05, 0.07, 0.05,
+             11.88, 0.02, 0.05, 0.05, 0.08, 0.05, 0.05, 0.03, 0.05, 0.04, 0.07, 0.09, 0.06, 0.02]
+    result = host_memory_check(_series(1450.8, rises, 2))
+    assert result["verdict"] == "steps", result
+    steps = result["anon_swap"]["steps"]
+    assert steps["median_rate"] < 64 * _KIB and len(steps["rises"]) == 3
+    text = "\n".join(host_memory_lines(result))
+    assert "grows in steps, flat between them: rises of +47.4, +23.7, +11.9 MiB" in text and "HOST-LEAK" not in text
+
+
+def test_equal_steps_now_and_then_are_a_leak_of_some_requests():
+    """One request kind in five leaks 8 MiB: steps of one size every fifth interval, flat between,
+    the median interval below the threshold; the steps keep their size, so it is a leak."""
+    rises = [8.0 if i % 5 == 4 else 0.05 for i in range(30)]
+    result = host_memory_check(_series(1000.0, rises, 2))
+    assert result["verdict"] == "HOST-LEAK", result
+    assert result["anon_swap"]["steps"] is None
+
+
+def test_a_step_then_growth_falling_over_few_points_is_too_short():
+    """The replay of 120 requests on a clean tree: +76 MiB in the first interval, then a buffer that
+    doubles at a falling rate (+47, +22, +11, +0.3 MiB) over 5 idle points: the fit after the step
+    lies above the threshold, but 5 points are too few for a slope over the later half of them."""
+    pts = _series(421.5, [76.03, 47.12, 22.05, 10.64, 0.27], 24)
+    result = host_memory_check(pts)
+    assert result["verdict"] == "too short", result
+    assert result["anon_swap"]["settling"]["after_step"]
+    assert "5 idle points after the one-time step" in "\n".join(host_memory_lines(result))

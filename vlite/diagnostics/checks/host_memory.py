@@ -10,6 +10,9 @@ loaded machine) is not a slope either, but a fit over a few idle points reads it
 one interval stands out (``largest_step``), anonymous memory is judged by the idle points after
 that step alone (``step_test``): they must keep growing, with a 95% CI above the threshold. A run
 with too few idle points after the step says so ("too short") and how to make it long enough.
+Growth in several steps with flat stretches between them (a buffer that doubles, each new request
+kind's first buffers) is a slope to a fit, but not a leak when the median interval stays below the
+threshold and the steps shrink ("steps").
 
 Two series are tested, both read at the idle points (``IdlePoint.host``):
 
@@ -51,6 +54,12 @@ MIN_LATE_POINTS = 4
 # Growth still settling: the later half's per-interval rates fall at every interval, and the last
 # is below TAPER_RATIO of the first interval's rate. A longer run tells it from a leak.
 TAPER_RATIO = 0.75
+# Growth in steps: where the median interval grows less than the threshold per request, the growth
+# comes from a few intervals with flat stretches between them. Steps that shrink (the last below
+# TAPER_RATIO of the first), or fewer than MIN_EQUAL_STEPS of them, are allocator high-water marks
+# (an arena or a buffer that doubles); MIN_EQUAL_STEPS steps of about one size are a leak of some
+# requests (one kind of request that comes now and then).
+MIN_EQUAL_STEPS = 3
 
 
 def anon_swap_bytes(pids: Iterable[int]) -> int | None:
@@ -125,18 +134,24 @@ def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     (``largest_step``), the verdict comes from the idle points after the step alone: their slope's
     95% CI must lie above ``threshold`` for ``keeps_growing``; a CI below it sets ``step_only``
     (one step, then no growth); a CI across it, ``inconclusive``. With fewer than
-    ``MIN_AFTER_STEP`` points after the step, ``too_short``: the run cannot tell a step from a
-    leak. ``step``: {from_requests, to_requests, rise, after_points, after_slope, after_ci95,
+    ``MIN_AFTER_STEP`` points after the step, or too few (or still settling) for a slope over
+    the later half of them (``_too_short_for_a_slope``), ``too_short``: the run cannot tell a
+    step from a leak. A ``keeps_growing`` whose growth came in a few steps that shrink, flat
+    between them (``_steps_not_a_slope``), becomes ``steps_only`` (``steps`` says which). ``step``: {from_requests, to_requests, rise, after_points, after_slope, after_ci95,
     requests_per_point} (y-units; slopes per x-unit) or None.
     """
     out = plateau_test(xs, ys, threshold)
-    out.update(step=None, step_only=False, too_short=False, min_after_step=MIN_AFTER_STEP, settling=None)
+    out.update(step=None, step_only=False, too_short=False, min_after_step=MIN_AFTER_STEP, settling=None,
+               steps_only=False, steps=None)
     if not (out["keeps_growing"] or out["inconclusive"]):
         return out
     j = largest_step(xs, ys, threshold)
     if j is None:
         if out["keeps_growing"]:
             _too_short_for_a_slope(xs, ys, out)
+        if out["keeps_growing"]:
+            half = len(xs) // 2
+            _steps_not_a_slope(xs[half:], ys[half:], threshold, out)
         return out
     after = _fit(xs[j + 1:], ys[j + 1:]) if len(xs) - j - 1 >= MIN_AFTER_STEP else None
     gaps = sorted(b - a for a, b in zip(xs, xs[1:]))
@@ -149,6 +164,9 @@ def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
         out["too_short"] = True
     elif after[1] > threshold:
         out["keeps_growing"] = True
+        _too_short_for_a_slope(xs[j + 1:], ys[j + 1:], out, after_step=True)
+        if out["keeps_growing"]:
+            _steps_not_a_slope(xs[j + 1:], ys[j + 1:], threshold, out)
     elif after[2] < threshold:
         out["step_only"] = True
     else:
@@ -156,9 +174,31 @@ def step_test(xs: list[float], ys: list[float], threshold: float) -> dict:
     return out
 
 
-def _too_short_for_a_slope(xs: list[float], ys: list[float], out: dict) -> None:
+def _steps_not_a_slope(xs: list[float], ys: list[float], threshold: float, out: dict) -> None:
+    """Turn a ``keeps_growing`` of the segment ``xs, ys`` into ``steps_only`` where its growth came
+    in steps that shrink, or too few steps, with the median interval below ``threshold`` (see
+    MIN_EQUAL_STEPS). ``steps``: {median_rate (y-units per x-unit), rises (y-units, in order),
+    points}."""
+    import numpy as np
+
+    spans = [(x1 - x0, y1 - y0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]) if x1 > x0]
+    if len(spans) < 2:
+        return
+    median = float(np.median([dy / dx for dx, dy in spans]))
+    if median >= threshold:
+        return
+    rises = [dy for dx, dy in spans if dy >= threshold * dx]
+    if len(rises) >= MIN_EQUAL_STEPS and rises[-1] >= TAPER_RATIO * rises[0]:
+        return
+    out["keeps_growing"] = False
+    out["steps_only"] = True
+    out["steps"] = {"median_rate": median, "rises": rises, "points": len(xs)}
+
+
+def _too_short_for_a_slope(xs: list[float], ys: list[float], out: dict, after_step: bool = False) -> None:
     """Turn a ``keeps_growing`` over too few late points, or over growth still settling, into
-    ``too_short`` (``settling`` says which and what the run needs)."""
+    ``too_short`` (``settling`` says which and what the run needs). ``after_step``: ``xs, ys`` are
+    the idle points after a one-time step, and the counts in ``settling`` are of those."""
     gaps = sorted(b - a for a, b in zip(xs, xs[1:]))
     rates = [(y1 - y0) / (x1 - x0) for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]) if x1 > x0]
     late = rates[len(xs) // 2 - 1:] if len(xs) >= 4 else rates
@@ -169,7 +209,7 @@ def _too_short_for_a_slope(xs: list[float], ys: list[float], out: dict) -> None:
     out["keeps_growing"] = False
     out["too_short"] = True
     out["settling"] = {"reason": "few late points" if few else "growth per request still falling",
-                       "points": len(xs), "points_needed": max(2 * MIN_LATE_POINTS, len(xs) + 3),
+                       "after_step": after_step, "points": len(xs), "points_needed": max(2 * MIN_LATE_POINTS, len(xs) + 3),
                        "requests_per_point": gaps[len(gaps) // 2] if gaps else 0.0,
                        "first_rate": rates[0] if rates else None, "last_rate": rates[-1] if rates else None}
 
@@ -257,10 +297,12 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
 def anon_verdict(result: dict) -> str:
     """The verdict from anonymous memory alone (the sum, then each process): ``HOST-LEAK``,
     ``too short`` (a step with too few idle points after it, in the sum or in a process),
-    ``inconclusive``, ``one step`` (a step, then no growth), ``warm-up`` or ``below threshold``."""
+    ``inconclusive``, ``one step`` (a step, then no growth), ``steps`` (growth in steps that
+    shrink, flat between them), ``warm-up`` or ``below threshold``."""
     tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
     for flag, verdict in (("keeps_growing", Verdict.HOST_LEAK), ("too_short", "too short"),
-                          ("inconclusive", "inconclusive"), ("step_only", "one step"), ("warm_up", "warm-up")):
+                          ("inconclusive", "inconclusive"), ("step_only", "one step"), ("steps_only", "steps"),
+                          ("warm_up", "warm-up")):
         if any(t.get(flag) for t in tests):
             return verdict
     return "below threshold"
@@ -306,6 +348,7 @@ def lines(result: dict | None) -> list[str]:
                "too short": too_short_line(result) if result["verdict"] == "too short" else "",
                "one step": (f"host memory: one step, then no growth: the idle points after the step grow less "
                             f"than {limit} (95% CI below it); a one-time allocation, not a per-request leak"),
+               "steps": steps_line(result) if result["verdict"] == "steps" else "",
                "warm-up": (f"host memory: growth within warm-up: it levelled off in the later half of the run "
                            f"(the late-half slope's 95% CI lies below {limit})"),
                "below threshold": (f"host memory: no container reachable from the engine keeps growing "
@@ -339,6 +382,17 @@ def step_line(what: str, t: dict) -> str:
             f"{st['to_requests']:.0f} requests served, judged apart from the slope; {after}")
 
 
+def steps_line(result: dict) -> str:
+    """The "steps" verdict: the rises, and the median growth per request between them."""
+    tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
+    st = next(t for t in tests if t.get("steps_only"))["steps"]
+    rises = ", ".join(f"{r / 2**20:+.1f}" for r in st["rises"])
+    return (f"host memory: grows in steps, flat between them: rises of {rises} MiB over {st['points']} idle points, "
+            f"a median of {st['median_rate'] / 1024:.1f} KiB/request between them (below "
+            f"{ANON_SLOPE_BYTES // 1024} KiB/request); steps that shrink, or too few to keep one size, are allocator "
+            f"high-water marks, not a per-request leak (a leak of one request kind: --workload kind-waves)")
+
+
 def too_short_line(result: dict) -> str:
     """The "too short" verdict: how many idle points the run needs after the step, and the options
     that give them (``--num-requests`` at the run's spacing of idle points, ``--idle-every``)."""
@@ -348,7 +402,8 @@ def too_short_line(result: dict) -> str:
         se = t["settling"]
         every = max(1, int(round(se["requests_per_point"])))
         total = int(math.ceil(result.get("last_requests", 0) + (se["points_needed"] - se["points"]) * every))
-        why = (f"{se['points']} idle points, and a slope over the later half needs {MIN_LATE_POINTS} there"
+        where = " after the one-time step" if se.get("after_step") else ""
+        why = (f"{se['points']} idle points{where}, and a slope over the later half of them needs {MIN_LATE_POINTS} there"
                if se["reason"] == "few late points" else
                f"growth per request fell at every idle point ({se['first_rate'] / 1024:.0f} -> "
                f"{se['last_rate'] / 1024:.0f} KiB/request): warm-up still settling, or a leak under it")
