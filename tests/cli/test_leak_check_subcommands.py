@@ -186,3 +186,15 @@ def test_a_missing_argument_or_an_unknown_subcommand_is_one_line_that_names_it(a
 def test_one_line_option_help_is_not_cut_at_an_abbreviation():
     res = CliRunner().invoke(app, ["leak-check", "prometheus", "--help"], env={"COLUMNS": "100"})
     assert "How far back, e.g. 90s" in res.output, res.output
+
+
+@pytest.mark.parametrize("mode", ["url", "blackbox", "watch"])
+def test_an_unknown_server_kind_is_one_line_before_any_connection(mode, monkeypatch):
+    import vlite.diagnostics.targets.connection as connection
+
+    def no_connection(*a, **k):
+        raise AssertionError("connected before checking --server-kind")
+
+    monkeypatch.setattr(connection, "connect", no_connection)
+    line = _one_error_line(_invoke(mode, "--url", "http://127.0.0.1:9", "--server-kind", "vllm2"))
+    assert "unknown --server-kind 'vllm2'; choose auto or one of: vlite, vllm" in line

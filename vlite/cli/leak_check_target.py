@@ -21,9 +21,12 @@ from vlite.cli.interrupt import graceful_interrupt
 
 def connect_or_fail(url: str, server_kind: str, api_key: str | None):
     """Connect to ``url`` and detect its kind; a one-line error and exit 2 when that fails."""
+    from vlite.diagnostics.readers.adapters import SERVER_KINDS
     from vlite.diagnostics.targets.base import TargetError
     from vlite.diagnostics.targets.connection import connect
 
+    if server_kind != "auto" and server_kind not in SERVER_KINDS:  # before a connection that may wait
+        common.fail(f"unknown --server-kind {server_kind!r}; choose auto or one of: {', '.join(SERVER_KINDS)}")
     try:
         return connect(url, server_kind, api_key)
     except TargetError as exc:
