@@ -14,7 +14,7 @@ from report_words import assert_no_none, run_result_text
 from serve_harness import ServerProcess, running
 
 from vlite.diagnostics.checks.pace import histogram_quantile, step_at
-from vlite.diagnostics.checks.zombie import lines, wall_clock_bound, zombie_check
+from vlite.diagnostics.checks.zombie import lines, rule, wall_clock_bound, zombie_check
 from vlite.diagnostics.targets.http import run_http
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.replay import RequestResult
@@ -83,6 +83,24 @@ def test_where_no_step_is_known_the_wall_clock_bound_scales_with_the_measured_it
     assert zombie_check([], {}, gauge_lag_s=3.0, gauge_lag_steps=1)["zombies"] == []
     assert zombie_check([], {}, gauge_lag_s=3.0, gauge_lag_steps=9)["zombies"][0]["outlived_steps"] == 9
     assert zombie_check([], {}, gauge_lag_s=0.4, gauge_lag_steps=9)["zombies"] == []
+
+
+def test_over_http_the_time_to_notice_a_disconnect_scales_with_the_servers_pace():
+    """A loaded server released a request cut in prefill 3 steps and 1.2 s after the disconnect,
+    with a p99 inter-token latency of 0.75 s: its event loop noticed the disconnect as slowly as
+    it ran steps. Within max(1 s, 3 x 0.75 s) that is no zombie; the same 1.2 s on a fast server
+    (no pace measured, or a fast one) is."""
+    hist = {"a": {"finished": True, "finished_time": 11.2, "finished_step": 103, "released_time": 11.2,
+                  "released_step": 103, "num_output_tokens": 3}}
+    timeline = [(9.9, 100), (10.05, 100), (11.5, 104)]
+    left = [_left("a", 10.0)]
+    assert zombie_check(left, hist, step_timeline=timeline, step_time_s=0.75)["zombies"] == []
+    assert zombie_check(left, hist, step_timeline=timeline)["zombies"]
+    assert zombie_check(left, hist, step_timeline=timeline, step_time_s=0.05)["zombies"]
+    text = rule(zombie_check(left, hist, step_timeline=timeline, step_time_s=0.75))
+    assert ("more than 2 engine steps (--zombie-threshold-steps) after the step the client left in and by more than "
+            "2.25 s = max(--zombie-threshold-s 1 s, 3 x the p99 inter-token latency 0.75 s) (the server noticing the "
+            "disconnect)") in text, text
 
 
 def test_histogram_quantile_of_the_run_is_the_bucket_bound_holding_it():

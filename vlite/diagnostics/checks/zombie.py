@@ -15,9 +15,9 @@ disconnect. A request is a ZOMBIE when its blocks outlived its client by more th
 disconnect is the engine's own in process (the abort is applied at once); over HTTP it is the
 ``vlite:engine_steps_total`` counter the client sampled at or just after the disconnect
 (``pace.step_at``: a lower bound of the steps outlived, so a healthy server is never a zombie
-for want of samples), and there the request must also have outlived its client by more than
-``threshold_s`` (the HTTP layer notices a disconnect in its own time, during which a fast
-engine runs many steps). Where no step is known (a server without that counter or without
+for want of samples), and there the request must also have outlived its client by more than the
+wall-clock bound below (the HTTP layer notices a disconnect in its own time, during which a fast
+engine runs many steps, and a loaded one's event loop is as slow as its steps). Where no step is known (a server without that counter or without
 ``/debug/blocks``), the bound is wall-clock: ``max(threshold_s, (threshold_steps + 1) x the p99
 inter-token latency measured during the run)`` (``threshold_s`` default 1 s,
 ``--zombie-threshold-s``). In process, where its steps are unknown, a request with more than
@@ -130,8 +130,8 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
             zombie = outlived_s > bound_s
         elif source == "engine":  # in process the abort is applied at once: any step is a defect
             zombie = steps > threshold_steps
-        else:  # over HTTP the server also has to notice the disconnect: threshold_s for that, in time
-            zombie = steps > threshold_steps and outlived_s > threshold_s
+        else:  # over HTTP the server also has to notice the disconnect, in its own pace: bound_s for that
+            zombie = steps > threshold_steps and outlived_s > bound_s
         # a step makes at most one token per sequence, so tokens judge only where steps are unknown
         # (a token count of another of the request's sequences once read 15 against 8 at 0 steps)
         zombie = zombie or (steps is None and tokens is not None and tokens > threshold_steps)
@@ -145,7 +145,7 @@ def zombie_check(results, request_history: dict[str, dict], *, threshold_s: floa
             "max_steps": max((row["outlived_steps"] for row in rows if row["outlived_steps"] is not None),
                              default=None),
             "tokens_after_leaving_total": sum(toks) if toks else None, "max_tokens_after_leaving": max(toks, default=None)}
-    gauge_zombie = (gauge_lag_steps > threshold_steps and gauge_lag_s > threshold_s if gauge_lag_steps is not None
+    gauge_zombie = (gauge_lag_steps > threshold_steps and gauge_lag_s > bound_s if gauge_lag_steps is not None
                     else gauge_lag_s is not None and gauge_lag_s > bound_s)
     if gauge_zombie:
         zombies.append({"request_id": None, "client_action": "(running-request gauge)", "outlived_s": gauge_lag_s,
@@ -169,12 +169,13 @@ def rule(z: dict) -> str:
     """The zombie rule of this run, with its thresholds and the options that set them."""
     steps = (f"more than {_plural(z['threshold_steps'], 'engine step')} (--zombie-threshold-steps) after the "
              "step the client left in")
-    if z.get("step_source") == "sampled" or z.get("gauge_lag_steps") is not None:  # over HTTP: and in time
-        steps += f" and more than {z['threshold_s']:g} s (--zombie-threshold-s, the server noticing the disconnect)"
     bound = z.get("bound_s", z["threshold_s"])
     pace = (f" = max(--zombie-threshold-s {z['threshold_s']:g} s, {z['threshold_steps'] + 1} x the p99 inter-token "
             f"latency {z['step_time_s']:.3g} s)" if z.get("step_time_s") is not None
             else " (--zombie-threshold-s)")
+    if z.get("step_source") == "sampled" or z.get("gauge_lag_steps") is not None:  # over HTTP: and in time
+        return (f"a request is a ZOMBIE when its blocks outlive its client by {steps} and by more than {bound:g} s"
+                f"{pace} (the server noticing the disconnect), or by that time alone where no step is known")
     return (f"a request is a ZOMBIE when its blocks outlive its client by {steps}, or by more than "
             f"{bound:g} s{pace} where no step is known")
 
