@@ -296,11 +296,9 @@ _BOOT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if not type(f
 
 
 def run_leak_check(tree: Path, args: list[str], timeout: int = 300) -> tuple[int, str, float]:
-    # each tree its own kernel build: trees at other paths sharing one build directory rebuild it
-    # (30-120 s) every time they alternate, which pushed runs past their timeout
+    # the tree's C++ sources link to this checkout's (copy_package): it loads this checkout's build
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "COLUMNS": "200",
-                        "TOKENIZERS_PARALLELISM": "false",
-                        "TORCH_EXTENSIONS_DIR": str(tree.parent / f"torch-extensions-{tree.name}")}
+                        "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.time()
     try:
         p = subprocess.run([sys.executable, "-c", _BOOT, str(tree), "leak-check", *args], capture_output=True,
@@ -365,7 +363,6 @@ def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false",
-                        "TORCH_EXTENSIONS_DIR": str(tree.parent / f"torch-extensions-{tree.name}"),
                         "PYTHONPATH": str(tree)}  # the engine core process imports the copy too
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "serve.log", "wb") as log:
@@ -409,6 +406,19 @@ def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenario
             "seconds": round(t_d + t_s, 1), "default_tail": text_d[-400:] if code_d not in (0, 1) else ""}
 
 
+def copy_package(tree: Path) -> None:
+    """Copy vlite/ into ``tree`` (replacing what was there), its C++ kernel sources as links to
+    this checkout's: the copy then loads the kernels already built for this checkout instead of
+    building its own (2-3 minutes a copy on 2 cores). No mutant patches a C++ file."""
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(ROOT / "vlite", tree / "vlite", ignore=shutil.ignore_patterns("__pycache__"))
+    for src in (ROOT / "vlite" / "kernels").iterdir():
+        if src.suffix in (".cpp", ".h"):
+            dest = tree / "vlite" / "kernels" / src.name
+            dest.unlink()
+            dest.symlink_to(src)
+
+
 def main() -> int:
     """Exit code: 0 when every chosen defect was caught by the default command and the clean tree
     (and every bounded cache) stayed CLEAN; 1 otherwise."""
@@ -432,8 +442,7 @@ def main() -> int:
     rows = []
     if not args.skip_clean:
         tree = work / "clean"
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.copytree(ROOT / "vlite", tree / "vlite")
+        copy_package(tree)
         for mode, extra in sorted({(m.mode, m.args) for m in chosen}):  # "in-process" first
             label = " ".join([mode, *extra])
             res = check(tree, model, work / f"out-clean-{label.replace(' ', '_')}", mode, not args.skip_scenarios,
@@ -443,8 +452,7 @@ def main() -> int:
                   f"({res['seconds']} s){': ' + res['default_blame'] if res['default_exit'] else ''}", flush=True)
     for m in chosen:
         tree = work / "tree"
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.copytree(ROOT / "vlite", tree / "vlite")
+        copy_package(tree)
         src = tree / "vlite" / m.path
         text = src.read_text()
         if text.count(m.old) != 1:
