@@ -448,7 +448,8 @@ def main() -> int:
             res = check(tree, model, work / f"out-clean-{label.replace(' ', '_')}", mode, not args.skip_scenarios,
                         extra)
             rows.append({"mutant": "(clean tree)", "area": label, **res})
-            print(f"clean tree ({label}): default exit {res['default_exit']}, scenarios exit {res['scenarios_exit']} "
+            scen = "scenarios not run" if args.skip_scenarios else f"scenarios exit {res['scenarios_exit']}"
+            print(f"clean tree ({label}): default exit {res['default_exit']}, {scen} "
                   f"({res['seconds']} s){': ' + res['default_blame'] if res['default_exit'] else ''}", flush=True)
     for m in chosen:
         tree = work / "tree"
@@ -466,9 +467,10 @@ def main() -> int:
             print(f"{m.name}: default {'CLEAN as it must be' if res['default_exit'] == 0 else 'FALSE POSITIVE'} "
                   f"(exit {res['default_exit']}; {res['default_blame']}) [{res['seconds']} s]", flush=True)
             continue
+        scen = ("scenarios not run" if args.skip_scenarios else
+                f"scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} ({', '.join(res['scenarios_failed'])})")
         print(f"{m.name}: default {'CAUGHT' if res['default_caught'] else 'missed'} (exit {res['default_exit']}; "
-              f"{res['default_blame']}), scenarios {'CAUGHT' if res['scenarios_caught'] else 'missed'} "
-              f"({', '.join(res['scenarios_failed'])}) [{res['seconds']} s]", flush=True)
+              f"{res['default_blame']}), {scen} [{res['seconds']} s]", flush=True)
     clean_ones = {m.name for m in MUTANTS if m.expect_clean}
     muts = [r for r in rows if r["mutant"] != "(clean tree)" and r["mutant"] not in clean_ones]
     for r in rows:
@@ -477,11 +479,12 @@ def main() -> int:
     d = sum(r["default_caught"] for r in muts)
     s = sum(r["scenarios_caught"] for r in muts)
     either = sum(r["default_caught"] or r["scenarios_caught"] for r in muts)
-    print(f"\n{len(muts)} mutants: default command caught {d}, --scenario all caught {s}, either {either}")
+    print(f"\n{len(muts)} mutants: default command caught {d}, " + ("--scenario all not run" if args.skip_scenarios else
+          f"--scenario all caught {s}, either {either}"))
     print("\n| mutant | path | default command | `--scenario all` |\n|---|---|---|---|")
     for r in muts:
         print(f"| `{r['mutant']}` | {r['area']} | {'caught' if r['default_caught'] else 'missed'}: "
-              f"{r['default_blame']} | {'caught' if r['scenarios_caught'] else 'missed'}"
+              f"{r['default_blame']} | {'not run' if args.skip_scenarios else 'caught' if r['scenarios_caught'] else 'missed'}"
               f"{': ' + ', '.join(r['scenarios_failed']) if r['scenarios_failed'] else ''} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

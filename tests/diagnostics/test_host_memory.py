@@ -309,3 +309,29 @@ def test_a_step_then_growth_falling_over_few_points_is_too_short():
     assert result["verdict"] == "too short", result
     assert result["anon_swap"]["settling"]["after_step"]
     assert "5 idle points after the one-time step" in "\n".join(host_memory_lines(result))
+
+
+def test_a_later_half_growing_just_below_the_threshold_is_not_called_levelled_off():
+    """kind-waves on a clean tree: the later half grows 48 KiB/request (95% CI 47 .. 50), the whole
+    run faster: below the threshold, but not levelled off, and the line says so with its numbers."""
+    rises = [60.0, 30.0, 20.0, 10.0] + [0.094] * 12  # MiB per 2 requests: 48 KiB/request late
+    result = host_memory_check(_series(1000.0, rises, 2))
+    assert result["verdict"] == "warm-up", result
+    text = "\n".join(host_memory_lines(result))
+    assert "levelled off" not in text and "growth slowed past warm-up to 48.1 KiB/request" in text, text
+
+
+@pytest.mark.parametrize("host_verdict, says", [
+    ("too short", "host memory: no verdict, the run is too short"),
+    ("inconclusive", "host memory: no verdict, its growth cannot be told from noise in this run"),
+    ("warm-up", None), ("below threshold", None),
+])
+def test_a_clean_verdict_says_when_host_memory_gave_none(host_verdict, says):
+    from vlite.diagnostics.checks.detect import DrainCheck, Findings
+
+    drain = DrainCheck(39, 9, 30, 0, 0, 0, 0, "balanced", True)
+    f = Findings(drain, [], [], [], [], [], [], {"num_leftover_entries": 0}, 0, True,
+                 host_memory={"verdict": host_verdict, "growing": []})
+    line = f.summary()
+    assert line.startswith("CLEAN: drain invariant holds (9 free + 30 cached == 39 total blocks)"), line
+    assert (says in line) if says else ("host memory" not in line), line

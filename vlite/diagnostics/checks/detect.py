@@ -263,11 +263,15 @@ class Findings:
             return (f"INCONCLUSIVE: every request ended in an engine error ({self.coverage['finish_reasons']['error']} "
                     f"sequences); no leak seen, but nothing ran (the engine log says why)")
         if not self.leak:
-            short = (self.host_memory or {}).get("verdict") == "too short"
+            host = (self.host_memory or {}).get("verdict")
+            no_host_verdict = {
+                "too short": ("; host memory: no verdict, the run is too short to tell warm-up or a one-time step "
+                              "from a leak (the host-memory line says how many requests it needs)"),
+                "inconclusive": ("; host memory: no verdict, its growth cannot be told from noise in this run (the "
+                                 "host-memory line says what narrows it)")}
             return (f"CLEAN: drain invariant holds ({self.drain.num_free_blocks} free + {self.drain.num_cached_blocks} "
                     f"cached == {self.drain.num_total_blocks} total blocks); no per-request state left behind"
-                    + ("; host memory: no verdict, the run is too short to tell warm-up or a one-time step "
-                       "from a leak (the host-memory line says how many requests it needs)" if short else ""))
+                    + no_host_verdict.get(host, ""))
         parts = []
         if self.drain.deficit_blocks or self.leaked_blocks:
             reqs = {b["request_id"] for b in self.leaked_blocks}

@@ -349,8 +349,7 @@ def lines(result: dict | None) -> list[str]:
                "one step": (f"host memory: one step, then no growth: the idle points after the step grow less "
                             f"than {limit} (95% CI below it); a one-time allocation, not a per-request leak"),
                "steps": steps_line(result) if result["verdict"] == "steps" else "",
-               "warm-up": (f"host memory: growth within warm-up: it levelled off in the later half of the run "
-                           f"(the late-half slope's 95% CI lies below {limit})"),
+               "warm-up": warm_up_line(result) if result["verdict"] == "warm-up" else "",
                "below threshold": (f"host memory: no container reachable from the engine keeps growing "
                                    f"(> {CONTAINER_SLOPE} entries/request); {anon_words}")
                }[result["verdict"]]
@@ -380,6 +379,21 @@ def step_line(what: str, t: dict) -> str:
              if st["after_ci95"] else f"{st['after_points']} idle point(s) after it, too few for a slope")
     return (f"{what}: one step of {st['rise'] / 2**20:+.1f} MiB between {st['from_requests']:.0f} and "
             f"{st['to_requests']:.0f} requests served, judged apart from the slope; {after}")
+
+
+def warm_up_line(result: dict) -> str:
+    """The "warm-up" verdict: levelled off where the later half's slope is near 0 (its CI reaches
+    0, or it is under an eighth of the threshold), else slowed to a slope below the threshold."""
+    tests = [result.get("anon_swap") or {}, *(result.get("processes") or {}).values()]
+    t = next(t for t in tests if t.get("warm_up"))
+    limit = f"{ANON_SLOPE_BYTES // 1024} KiB/request"
+    lo, hi = t["late_ci95"]
+    if lo <= 0 or t["late_slope"] < ANON_SLOPE_BYTES / 8:
+        return (f"host memory: growth within warm-up: it levelled off in the later half of the run (the late-half "
+                f"slope's 95% CI lies below {limit})")
+    return (f"host memory: growth slowed past warm-up to {t['late_slope'] / 1024:.1f} KiB/request in the later half "
+            f"(95% CI {lo / 1024:.1f} .. {hi / 1024:.1f}), below the {limit} a leak is called at; a slower leak needs "
+            f"a longer run to be told from allocator growth")
 
 
 def steps_line(result: dict) -> str:
