@@ -67,7 +67,8 @@ WORKLOAD = {
         "all-paths (every engine path: prefix hits, preemption, n > 1, beam search, EOS/stop finishes; on a "
         "deliberately small KV pool sized from --num-requests to force preemption, unless --num-blocks or "
         "--kv-cache-memory-bytes is given), synthetic (plain requests), kind-waves (waves of one request kind "
-        "each, for host-memory growth per kind), a JSONL trace (.jsonl; schema in docs/reference.md), or a "
+        "each, for host-memory growth per kind), responses (synthetic requests to the Responses API with store on; "
+        "--url only), a JSONL trace (.jsonl; schema in docs/reference.md), or a "
         "ShareGPT file (.json)."))),
     **TRAFFIC,
     "prompt_source": (str, _opt("distinct", "--prompt-source", help=(

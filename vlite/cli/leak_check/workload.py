@@ -42,15 +42,23 @@ def load_workload(w: SimpleNamespace, *, workload: str | None = None, in_process
                                       in_process=in_process, wave_size=wave_size, prompt_source=prompt_source)
         if workload == "kind-waves":
             return _kind_waves(w.num_requests, lens, w.seed)
+        if workload == "responses":
+            if in_process:
+                common.fail("--workload responses sends the Responses API (/v1/responses): it needs --url; "
+                            "the in-process engine has no HTTP routes")
+            from dataclasses import replace
+
+            return [replace(s, api="responses", store=True) for s in wl.synthetic_workload(
+                w.num_requests, **lens, request_rate=w.request_rate, **aborts, prompt_source=prompt_source)]
         if workload == "synthetic":
             return wl.synthetic_workload(w.num_requests, **lens, request_rate=w.request_rate, **aborts, n=n,
                                          prompt_source=prompt_source)
         path = Path(workload)
         if path.is_dir():
-            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, kind-waves, a JSONL trace "
-                        "(.jsonl) or a ShareGPT file (.json)")
+            common.fail(f"--workload {workload} is a directory; give all-paths, synthetic, kind-waves, responses, a "
+                        "JSONL trace (.jsonl) or a ShareGPT file (.json)")
         if not path.is_file():
-            common.fail(f"--workload {workload}: not all-paths, synthetic or kind-waves, and no such file")
+            common.fail(f"--workload {workload}: not all-paths, synthetic, kind-waves or responses, and no such file")
         if path.suffix == ".jsonl":
             return wl.jsonl_workload(path, **aborts, warn=common.warn)
         return wl.sharegpt_workload(path, w.num_requests, count_tokens=None, max_output_len=lens["output_len"][1],
@@ -78,7 +86,7 @@ def build_plan(w: SimpleNamespace, *, in_process: bool, **extra):
     from vlite.diagnostics.targets.base import TargetPlan, default_wave
 
     idle_every = w.idle_every
-    n_specs = w.num_requests if w.workload in ("synthetic", "all-paths") else None
+    n_specs = w.num_requests if w.workload in ("synthetic", "all-paths", "responses") else None
     if w.workload == "kind-waves" and idle_every is None:  # one idle point after each one-kind wave
         from vlite.diagnostics.workload.kind_waves import kind_wave_size
 

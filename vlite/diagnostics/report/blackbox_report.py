@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from vlite.diagnostics.checks import engine_errors
+from vlite.diagnostics.checks import engine_errors, probe_census
 from vlite.diagnostics.checks.storm import lines as storm_lines
 from vlite.diagnostics.report.plots import save_figure
 from vlite.diagnostics.report.writer import trend_line
@@ -55,6 +55,7 @@ def terminal_lines(res) -> list[str]:
     out += [_fmt_trend(t) for t in res.trends]
     out += [f"zombie check: {line}" for line in zombie_lines(res.zombies)]
     out += [f"storm check: {line}" for line in storm_lines(res.storm)]
+    out += probe_census.lines(res.probe)
     # one line each (report.json has the traceback); over HTTP the engine's failure is the server's
     out += [(line.replace("engine raised", "server failed", 1), "red") for line in engine_errors.lines(res.replay.engine_errors)]
     return out
@@ -93,6 +94,7 @@ def report_json(res) -> dict:
                       "kv_at_end": res.kv_at_end, "probes": res.probes},
             "trends": trends,
             "cardinality": res.cardinality,  # /metrics series per family (checks/cardinality.py)
+            "probe_census": res.probe,  # the vlite probe inside the server (checks/probe_census.py)
             "blackbox": {"suspects": res.suspects, "fit": res.fit, "bisection": res.bisection,
                          "reproducer": [_trace_row(s) for s in res.reproducer]},
             "zombies": res.zombies, "storm": res.storm, "process_tree": res.process_tree,

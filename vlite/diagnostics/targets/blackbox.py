@@ -37,7 +37,10 @@ import pandas as pd
 from vlite.diagnostics.checks.cardinality import cardinality_check, series_counts
 from vlite.diagnostics.checks.cardinality import describe as describe_cardinality
 from vlite.diagnostics.checks.detect import Trend, trough_trend
+from vlite.diagnostics.checks.probe_census import describe as describe_probe_census
+from vlite.diagnostics.checks.probe_census import probe_census_check
 from vlite.diagnostics.checks.verdict import Verdict
+from vlite.diagnostics.readers.probe_series import ProbeReader, session_dir
 from vlite.diagnostics.readers.process import ProcessTreeProbe, is_local_url, listening_pid
 from vlite.diagnostics.readers.samplers import Sampler
 from vlite.diagnostics.targets.base import TargetError, TargetPlan, TargetRun
@@ -163,6 +166,7 @@ class BlackboxResult:
     # KV used (``unit``) when the whole check ended: bisection, zombie and storm requests run
     # after ``final`` was read and may leak more
     kv_at_end: float | None = None
+    probe: dict | None = None  # the vlite probe's census inside the server (checks/probe_census.py), if loaded
 
     @property
     def residual(self) -> float | None:
@@ -183,11 +187,14 @@ def _rss(memory) -> int | None:
 
 
 async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
-                        out: ReplayResult, series: list | None = None) -> tuple[list[float], bool]:
+                        out: ReplayResult, series: list | None = None, probe: ProbeReader | None = None,
+                        probe_points: list | None = None) -> tuple[list[float], bool]:
     """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
     point, baseline first) and whether every wave drained. ``series`` gets, per idle point,
-    (requests served, the page's series per family: ``cardinality.series_counts``)."""
+    (requests served, the page's series per family: ``cardinality.series_counts``);
+    ``probe_points`` gets (requests served, the probe's census: ``probe.at_idle_point``)."""
     series = [] if series is None else series
+    probe_points = [] if probe_points is None else probe_points
     used: list[float] = []
     completed = 0
     async with httpx.AsyncClient(timeout=30.0) as client:
@@ -197,6 +204,8 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
         used.append(base.kv_used)
         out.idle_points.append(IdlePoint(time.time(), 0, base.kv_used, _rss(driver.memory)))
         series.append((0, series_counts(driver.conn.metrics_text())))
+        if probe is not None:
+            probe_points.append((0, probe.at_idle_point(baseline=True)))
         for w, wave in enumerate(waves):
             for s in wave:
                 results[s.request_id].arrival_time = time.time()
@@ -210,6 +219,8 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
             used.append(state.kv_used)
             out.idle_points.append(IdlePoint(time.time(), completed, state.kv_used, _rss(driver.memory)))
             series.append((completed, series_counts(driver.conn.metrics_text())))
+            if probe is not None:
+                probe_points.append((completed, probe.at_idle_point()))
     return used, True
 
 
@@ -325,8 +336,9 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     t0 = time.time()
     suspects, fit, bis_log, repro = [], [], [], []
     series: list = []
+    probe, probe_points = ProbeReader(conn.metrics_text, session_dir(pid)), []
     try:
-        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series))
+        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series, probe, probe_points))
         out.end_time = time.time()
         baseline = used[0] if used else None
         final = used[-1] if used else None
@@ -392,6 +404,13 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
         growth = "/metrics series growing with requests: " + describe_cardinality(cardinality)
         summary = f"{summary}; {growth}" if verdict == Verdict.LEAK else f"LEAK: {growth}"
         verdict = Verdict.LEAK
+    census = probe_census_check(probe_points)
+    if census is not None and census["verdict"] == Verdict.LEAK:  # request state kept in a server process
+        held = "request ids kept in the server's processes (vlite probe): " + describe_probe_census(census)
+        summary = f"{summary}; {held}" if verdict == Verdict.LEAK else f"LEAK: {held}"
+        verdict = Verdict.LEAK
+    elif census is not None and verdict == Verdict.CLEAN and census["verdict"] == Verdict.CLEAN:
+        summary += f"; no container in the server's {len(census['processes'])} probed processes kept request ids"
     verdict, summary = _with_server_errors(verdict, summary, out, driver.errors)
     block_size = first.block_size
     trends = [replace(trough_trend(out.idle_points), y_unit=unit), trough_trend(out.idle_points, "rss_bytes")]
@@ -409,7 +428,7 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     return BlackboxResult(verdict, summary, conn.adapter.kind, unit, block_size, first.kv_total, baseline, final,
                           trends, sampler.frame(), out, facts, driver.probes, fit, suspects, bis_log, repro,
                           list(getattr(memory, "last_tree", [])), notes, headline_not_exercised=no_abort,
-                          cardinality=cardinality, drained=drained, kv_at_end=_kv_now(conn))
+                          cardinality=cardinality, drained=drained, kv_at_end=_kv_now(conn), probe=census)
 
 
 def _kv_now(conn: Connection) -> float | None:

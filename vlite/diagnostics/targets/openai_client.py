@@ -24,10 +24,14 @@ FALLBACK_MAX_MODEL_LEN = 32768
 
 
 def request_body(spec: RequestSpec, stream: bool, max_model_len: int | None = None) -> tuple[str, dict]:
-    """The route and OpenAI body of one request: /v1/chat/completions for a chat request, else
-    /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
+    """The route and OpenAI body of one request: /v1/responses for a Responses API request,
+    /v1/chat/completions for a chat request, else /v1/completions, with vLLM's extras (ignore_eos, min_tokens, stop_token_ids, and beam
     search as use_beam_search + best_of, the width). A multi-prompt request sends its prompts
     as a list (``sources.expand_prompts``, against ``max_model_len`` tokens when known)."""
+    if spec.api == "responses":  # the Responses API: no n, stop or vLLM sampling extras
+        return "/v1/responses", {"input": spec.prompt, "max_output_tokens": spec.max_tokens,
+                                 "temperature": spec.temperature, "top_p": spec.top_p, "stream": stream,
+                                 "store": spec.store}
     body = {"max_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
             "ignore_eos": spec.ignore_eos, "stream": stream, "n": spec.n}
     if spec.seed is not None:
@@ -131,10 +135,27 @@ def _finished_json(res: RequestResult, resp: httpx.Response) -> None:
         res.outcome = "rejected" if resp.status_code == 400 else "error"
         res.detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
         return
-    choice = resp.json()["choices"][0]
+    data = resp.json()
+    if "choices" not in data and "output" in data:  # a Responses API response
+        res.outcome, res.finish_reason = _responses_end(data)
+        res.num_output_tokens = (data.get("usage") or {}).get("output_tokens", 0)
+        return
+    choice = data["choices"][0]
     res.outcome, res.finish_reason = ("error" if choice.get("finish_reason") == "error" else "finished",
                                       choice.get("finish_reason"))
-    res.num_output_tokens = resp.json().get("usage", {}).get("completion_tokens", 0)
+    res.num_output_tokens = data.get("usage", {}).get("completion_tokens", 0)
+
+
+def _responses_end(response: dict) -> tuple[str, str]:
+    """(outcome, finish_reason) of a Responses API response object: completed is "stop",
+    incomplete for max_output_tokens "length", failed or cancelled an error."""
+    status = response.get("status")
+    if status == "completed":
+        return "finished", "stop"
+    if status == "incomplete":
+        reason = (response.get("incomplete_details") or {}).get("reason")
+        return "finished", "length" if reason == "max_output_tokens" else str(reason or "incomplete")
+    return "error", "error"
 
 
 async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int | None) -> None:
@@ -146,7 +167,20 @@ async def _read_stream(resp: httpx.Response, res: RequestResult, stop_after: int
         if data.strip() == "[DONE]":
             res.outcome = res.outcome if res.outcome == "error" else "finished"
             return
-        choice = (json.loads(data).get("choices") or [{}])[0]
+        event = json.loads(data)
+        kind = event.get("type", "") if isinstance(event, dict) else ""
+        if kind.startswith("response."):  # a Responses API event stream (no [DONE]: it ends with the response)
+            if kind == "response.output_text.delta" and event.get("delta"):
+                chunks += 1
+                res.num_output_tokens = chunks
+            elif kind in ("response.completed", "response.incomplete", "response.failed"):
+                res.outcome, res.finish_reason = _responses_end(event.get("response") or {})
+                return
+            if stop_after is not None and chunks >= stop_after:
+                _aborted(res, f"disconnected after {chunks} chunks")
+                return
+            continue
+        choice = (event.get("choices") or [{}])[0]
         if _choice_text(choice):
             chunks += 1
             res.num_output_tokens = chunks

@@ -52,6 +52,11 @@ class RequestSpec:
     logprobs: int | None = None
     beam_width: int = 1  # > 1: beam search (temperature 0); the n best beams are returned
     chat: bool = False  # the prompt is one user message, rendered with the model's chat template
+    # "responses": sent to the Responses API (/v1/responses, the prompt as its input) over HTTP,
+    # with ``store`` (whether the server keeps the response for previous_response_id and GET);
+    # "": /v1/chat/completions or /v1/completions by ``chat``
+    api: str = ""
+    store: bool = False
     # Resolved by a greedy calibration run of the same prompt before the replay (calibrate.py):
     stop_token_at: int | None = None  # stop on the token greedy decoding puts at this output index
     stop_string_at: int | None = None  # stop on a string spanning output tokens k and k + 1
@@ -298,6 +303,8 @@ TRACE_SCHEMA: dict[str, tuple[Callable[[object], bool], str]] = {
     "prefix_id": (lambda v: v is None or isinstance(v, str) and bool(v), "a non-empty string or null"),
     "prefix_len": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (tokens)"),
     "chat": (lambda v: isinstance(v, bool), "true or false"),
+    "api": (lambda v: v in ("completions", "chat", "responses"), "completions, chat or responses (over HTTP)"),
+    "store": (lambda v: isinstance(v, bool), "true or false (api responses: keep the response on the server)"),
     "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "min_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
@@ -372,7 +379,9 @@ def _spec_from_row(row: dict, rng: random.Random, index: int, abort_rate: float,
                        client_tag=row.get("client_tag"), n=row.get("n", 1),
                        stop=_str_list(row["stop"]) if row.get("stop") is not None else (),
                        stop_token_ids=tuple(row.get("stop_token_ids") or ()), min_tokens=row.get("min_tokens", 0),
-                       logprobs=row.get("logprobs"), beam_width=row.get("beam_width", 1), chat=row.get("chat", False),
+                       logprobs=row.get("logprobs"), beam_width=row.get("beam_width", 1),
+                       chat=row.get("chat", False) or row.get("api") == "chat",
+                       api="responses" if row.get("api") == "responses" else "", store=row.get("store", False),
                        stop_token_at=row.get("stop_token_at"), stop_string_at=row.get("stop_string_at"))
     spec.sampling_params()  # validates the fields together (the message names the field)
     if (spec.stop_token_at is not None or spec.stop_string_at is not None) and spec.temperature != 0:
