@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 VLITE := $(VENV)/bin/vlite
 STAMP := $(VENV)/.vlite-setup-done
 
-.PHONY: setup run test lint bench clean interop fleet lm-eval-parity
+.PHONY: setup run test lint bench clean interop interop-probe fleet lm-eval-parity
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ test: setup
 interop: setup
 	bash tests/interop/vllm.sh
 
+# Not in .ci/run: the vlite probe (probe/) inside vLLM's CPU build (.venv-vllm): its Responses store named
+# with the store on, CLEAN with it off, and planted per-abort leaks named in the API server and in the
+# engine core, all from vlite leak-check url. See docs/leak-check-probe.md.
+interop-probe: setup
+	bash tests/interop/vllm_probe.sh
+
 # Not in .ci/run: two vlite serve replicas behind vllm-router (its own venv, .venv-fleet) and Debian's
 # prometheus, then vlite leak-check --url ROUTER --replica ... (clean, aborts dropped, one leaking replica).
 # See docs/leak-check.md, "A fleet behind a router".
@@ -47,4 +53,4 @@ lint: setup
 	$(VENV)/bin/ruff check vlite tests benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-lmeval .venv-fleet leak-report interop-report fleet-report
+	rm -rf $(VENV) .venv-lmeval .venv-fleet leak-report interop-report probe-report fleet-report

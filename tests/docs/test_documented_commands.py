@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NEEDS: dict[str, tuple[str, str]] = {
     "GPU": ("needs CUDA", "benchmarks/gpu/gpu_check.sh"),
     "vLLM": ("needs vLLM's own install", "tests/interop/vllm.sh"),
+    "probe in vLLM": ("needs vLLM's own install with the probe", "tests/interop/vllm_probe.sh"),
     "router": ("needs a router in front of the replicas", "tests/interop/fleet.sh"),
     "Prometheus": ("needs a Prometheus server", "tests/interop/prometheus.sh"),
     "Ray cluster": ("needs a Ray cluster of several machines", "tests/engine/test_tensor_parallel.py"),

@@ -14,9 +14,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import prometheus_client
-from prometheus_client import Gauge
-
 import vlite_probe
+from prometheus_client import Gauge
 
 for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
     Gauge(name, name).set(0)
