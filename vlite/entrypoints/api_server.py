@@ -54,6 +54,7 @@ from vlite.entrypoints.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    ResponsesRequest,
     TokenizeRequest,
     TokenizeResponse,
     VersionResponse,
@@ -61,6 +62,7 @@ from vlite.entrypoints.protocol import (
 from vlite.entrypoints.serving import check_prompt_chars, off_loop, served_model, with_cancellation
 from vlite.entrypoints.serving_chat import OpenAIServingChat, chat_plain_messages, check_chat_chars, render_chat
 from vlite.entrypoints.serving_completion import OpenAIServingCompletion
+from vlite.entrypoints.serving_responses import OpenAIServingResponses, stored_response
 from vlite.entrypoints.state import ServerSettings, ServerState
 
 logger = logging.getLogger("vlite.server")
@@ -310,6 +312,17 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], LLMEngine] | 
     @with_cancellation
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
         return await OpenAIServingChat(req, request, state).serve()
+
+    @app.post("/v1/responses", response_class=JSONResponse, responses={
+        200: {"content": _SSE}, **_errors(*_COMMON_ERRORS, 404, 500)})
+    @with_cancellation
+    async def responses(req: ResponsesRequest, request: Request) -> Response:
+        return await OpenAIServingResponses(req, request, state).serve()
+
+    @app.get("/v1/responses/{response_id}", responses=_errors(*_COMMON_ERRORS, 404))
+    async def get_response(response_id: str) -> JSONResponse:
+        """A response stored by POST /v1/responses (store: true), while the store keeps it."""
+        return JSONResponse(stored_response(state, response_id))
 
     @app.post("/tokenize", responses=_errors(*_COMMON_ERRORS, 404))
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

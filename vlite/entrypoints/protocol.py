@@ -273,6 +273,41 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: Bool = True  # vLLM extra
 
 
+class ResponsesContentPart(OpenAIBase):
+    """A text part of a Responses API input message (``input_text``, or ``output_text`` in an
+    assistant turn given back)."""
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class ResponsesInputMessage(OpenAIBase):
+    """One message of a Responses API ``input`` list."""
+
+    type: Literal["message"] | None = None
+    role: ChatRole
+    content: Text | Annotated[list[ResponsesContentPart], Field(min_length=1)]
+
+
+class ResponsesRequest(OpenAIBase):
+    """POST /v1/responses (OpenAI's Responses API, text only): ``input`` (a string: one user
+    message; or messages), ``instructions`` (a system message first), ``previous_response_id``
+    (a stored response whose conversation comes before ``input``), ``store`` (keep this response
+    for later ``previous_response_id`` and ``GET /v1/responses/{id}``)."""
+
+    model: Text | None = None
+    input: NonEmptyText | Annotated[list[ResponsesInputMessage], Field(min_length=1)]
+    instructions: Text | None = None
+    previous_response_id: NonEmptyText | None = None
+    max_output_tokens: Int(ge=1) | None = None  # and <= max_model_len
+    temperature: Float(ge=0.0, le=MAX_TEMPERATURE) | None = None  # 0 or >= 0.01
+    top_p: Float(gt=0.0, le=1.0) | None = None
+    stream: Bool = False
+    store: Bool = True
+    background: Bool = False  # refused (400) if true
+    user: Text | None = None
+
+
 class TokenizeRequest(OpenAIBase):
     """POST /tokenize: either ``prompt`` or ``messages`` (vLLM's shape)."""
 
@@ -298,6 +333,7 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
 # Every field name a request body can hold: the error handler keeps these (and list indices)
 # from a validation error's location and drops pydantic's union-member tags ("str", "list[int]").
 REQUEST_FIELD_NAMES = _field_names(StreamOptions, CompletionRequest, ChatCompletionRequest, TextContentPart,
+                                   ResponsesRequest, ResponsesInputMessage, ResponsesContentPart,
                                    ChatMessage, TokenizeRequest, DetokenizeRequest, ResponseFormat,
                                    JsonSchemaFormat, StructuredOutputsRequest) | {"schema", "json"}
 

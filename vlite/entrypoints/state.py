@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+
+from vlite.entrypoints.response_store import ResponseStore
 
 if TYPE_CHECKING:
     from vlite.engine import AsyncLLMEngine, MPAsyncLLMEngine
@@ -62,6 +64,7 @@ class ServerState:
     last_request_start: float = 0.0
     last_request_end: float = 0.0
     census: ApiServerCensus | None = None
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's store (bounded)
     _tokenizer_pool: ThreadPoolExecutor | None = None
 
     def tokenizer_pool(self) -> ThreadPoolExecutor:
