@@ -33,9 +33,10 @@ import time
 import types
 
 # vLLM's, SGLang's and LiteLLM's request and response ids, OpenAI's formats, and the ids vlite's
-# own leak-check client sends (X-Request-Id: vlite-...): a prefix, then 6 or more letters and
-# digits with a digit among them (so "batch_size" or "msg_template" is no id)
-DEFAULT_ID_PATTERN = r"(?:cmpl|chatcmpl|resp|msg|req|batch|vlite)[-_](?=[0-9A-Za-z]{6})[0-9A-Za-z]*[0-9]"
+# own leak-check client sends (X-Request-Id: lc-..., vlite-...), which servers adopt as their
+# request id (vLLM: cmpl-lc-00012-0): a prefix, a dash or underscore, then 6 or more letters,
+# digits, dashes or underscores with a digit among them ("batch_size" or "msg_template" is no id)
+DEFAULT_ID_PATTERN = r"(?:cmpl|chatcmpl|resp|msg|req|batch|vlite|lc)[-_](?=[0-9A-Za-z_-]{6})[0-9A-Za-z_-]*[0-9]"
 MAX_SCAN = 20_000  # entries read per container (its size is still len())
 MAX_CONTAINERS = 200  # containers reported per pass (most request ids first)
 YIELD_EVERY = 1_024  # objects between two time.sleep(0): the host's threads get the GIL back

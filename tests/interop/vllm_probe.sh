@@ -9,7 +9,8 @@
 #                naming AsyncLLM.aborted_requests in the API server process
 #   engine-core  the same in EngineCore.abort_requests: LEAK naming EngineCore.aborted_requests in the
 #                engine core process
-# Not in make test (a vLLM start takes minutes on 2 cores). Reports in probe-report/<case>/.
+# Not in make test (a vLLM start takes minutes on 2 cores). Reports in probe-report/<case>/; CASES="..." runs
+# some of them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
@@ -28,7 +29,7 @@ fi
 # the probe and the planted leaks into vLLM's venv, nothing else of vlite (standard library only)
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall ./probe tests/interop/vllm_planted \
   || { echo "interop-probe: installing the probe into $VENV failed"; exit 2; }
-rm -rf "$OUT" && mkdir -p "$OUT"
+mkdir -p "$OUT"
 PGID=
 stop_vllm() {
   [ -n "${PGID:-}" ] || return
@@ -41,7 +42,7 @@ trap stop_vllm EXIT
 FAILED=0
 run_case() {  # name, extra env (space-separated K=V), leak-check options, expected verdict, a word the verdict names
   local name=$1 env=$2 opts=$3 want=$4 names=$5
-  mkdir -p "$OUT/$name"
+  rm -rf "${OUT:?}/$name" && mkdir -p "$OUT/$name"
   echo "interop-probe: $name: starting vLLM ($env)"
   env VLITE_PROBE=1 VLITE_PROBE_DIR="$PWD/$OUT/$name/probe" VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 $env \
     setsid "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --host 127.0.0.1 \

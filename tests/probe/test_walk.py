@@ -83,10 +83,11 @@ def test_containers_are_named_by_owner_and_count_request_ids(host_module):
 def test_derived_and_foreign_ids(host_module):
     host_module.serving.response_store["not-an-id"] = 1
     host_module.extra = {"chatcmpl-abcdef123456-1": 1, "resp-ab1": 1, "msg_0123456789": 2, 12: "vlite-abc123def",
-                         "batch_size": 8, "msg_template": "{x}"}
+                         "batch_size": 8, "msg_template": "{x}", "cmpl-lc-00012-0": 3}
     top = walk.census().top()
-    # a derived id, msg_, and an id as a value; not too short an id, nor a name without a digit
-    assert top["pretend_server.extra"]["ids"] == 3
+    # derived ids (vLLM's from a client's X-Request-Id too), msg_, and an id as a value; not too
+    # short an id, nor a name without a digit
+    assert top["pretend_server.extra"]["ids"] == 4
     assert top[SERVING + ".response_store"]["entries"] == 31
 
 
