@@ -253,3 +253,15 @@ def test_no_import_arrow_runs_back_up():
                     for a, targets in graph.items() for b in targets if _floor(b) > _floor(a))
     assert upward == []
     assert len(graph) > 100 and sum(map(len, graph.values())) > 250  # the scan sees the code base
+
+
+def test_the_probe_imports_the_standard_library_only():
+    # it installs into another server's environment: nothing of vlite, nothing the host may lack
+    import sys
+
+    probe = ROOT.parent / "probe" / "vlite_probe"
+    files = _modules(probe)
+    assert files, probe
+    foreign = {f"{p.name}: {m}" for p in files for m in _imported_modules(p)
+               if m.partition(".")[0] not in sys.stdlib_module_names and m.partition(".")[0] != "vlite_probe"}
+    assert foreign == set()
