@@ -11,7 +11,7 @@ Settings (environment, read once per process): ``VLITE_PROBE`` (1 to enable), ``
 (where each process writes its file; default ``<tmp>/vlite-probe/<session>``, the session being
 the pid of the first probed process, passed on to its children in ``VLITE_PROBE_SESSION``),
 ``VLITE_PROBE_ID_PATTERN`` (a regular expression for request ids, ``walk.DEFAULT_ID_PATTERN``),
-``VLITE_PROBE_INTERVAL_S`` (2), ``VLITE_PROBE_QUIET_S`` (1), ``VLITE_PROBE_BUSY_FRACTION`` (0.1),
+``VLITE_PROBE_INTERVAL_S`` (2), ``VLITE_PROBE_QUIET_S`` (1), ``VLITE_PROBE_BUSY_FRACTION`` (0.25),
 ``VLITE_PROBE_BUDGET_MS`` (2000).
 """
 
@@ -69,7 +69,7 @@ class Probe:
         self.id_pattern = os.environ.get("VLITE_PROBE_ID_PATTERN") or walk.DEFAULT_ID_PATTERN
         self.interval_s = _float_env("VLITE_PROBE_INTERVAL_S", 2.0)
         self.quiet_s = _float_env("VLITE_PROBE_QUIET_S", 1.0)
-        self.busy_fraction = _float_env("VLITE_PROBE_BUSY_FRACTION", 0.1)
+        self.busy_fraction = _float_env("VLITE_PROBE_BUSY_FRACTION", 0.25)
         self.budget_s = _float_env("VLITE_PROBE_BUDGET_MS", 2000.0) / 1000.0
         self.passes = 0
         self.collector_registered = False

@@ -37,8 +37,9 @@ def probe_census_check(points: Sequence[tuple[float, ProbeReading | None]]) -> d
     Returns ``verdict`` (``LEAK``: a container keeps growing; ``CLEAN``; ``too few idle points``:
     fewer than ``host_memory.MIN_POINTS``), ``growing`` (process, container, entries per request,
     first -> last), ``bounded`` (growing containers with a cap: their cap and last size),
-    ``processes`` (each process's last pass: passes, objects, seconds, truncated) and ``held``
-    (the last reading's containers holding request ids).
+    ``processes`` (each process's last pass: passes, objects, seconds, truncated), ``held``
+    (the last reading's containers holding request ids) and ``stale`` (processes that made no
+    pass after some idle point: their counts there are left out of the fit).
     """
     pts = [(x, r) for x, r in points if r is not None]
     if not pts:
@@ -49,11 +50,18 @@ def probe_census_check(points: Sequence[tuple[float, ProbeReading | None]]) -> d
               "held": {k: v for k, v in sorted(last.containers.items()) if v.get("ids")}}
     if len(pts) < MIN_POINTS:
         return result
-    xs = [float(x) for x, _ in pts]
+    result["stale"] = sorted({k for _, r in pts for k in r.stale})
     half = len(pts) // 2
     names = set().union(*(set(r.containers) for _, r in pts[half:]))
     for name in sorted(names):
-        ys = [float((r.containers.get(name) or {}).get("ids") or 0) for _, r in pts]
+        process = name.partition(": ")[0]
+        # a point where this process made no pass after the idle point says nothing about it
+        fresh = [(float(x), float((r.containers.get(name) or {}).get("ids") or 0)) for x, r in pts
+                 if process not in r.stale]
+        if len(fresh) < MIN_POINTS:
+            continue
+        xs, ys = [x for x, _ in fresh], [y for _, y in fresh]
+        half = len(fresh) // 2
         if ys[-1] - ys[half] < MIN_CONTAINER_GROWTH:
             continue
         test = plateau_test(xs, ys, CONTAINER_SLOPE)
@@ -89,6 +97,9 @@ def lines(result: dict | None) -> list[str]:
     where = ", ".join(f"{k} ({int(v.get('passes') or 0)} passes, last {float(v.get('pass_seconds') or 0) * 1000:.0f} ms"
                       f"{', TRUNCATED' if v.get('truncated') else ''})" for k, v in sorted(procs.items()))
     out = [f"probe census: {len(procs)} process{'es' if len(procs) != 1 else ''}: {where}"]
+    if result.get("stale"):
+        out.append("probe census: no pass after some idle points (busy, or slower than the wait) in "
+                   + ", ".join(result["stale"]) + ": those points are left out of its fit")
     if result["verdict"] == "too few idle points":
         out.append(f"probe census: {result['n']} idle points (the growth test needs {result['min_points']}); "
                    "no verdict")

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from vlite.diagnostics.readers.metrics_text import MetricsFormatError, parse_page
 
 PREFIX = "vlite_probe:"
-WAIT_S = 15.0  # how long an idle point waits for every process's next pass
+WAIT_S = 12.0  # how long an idle point waits for every process's next pass
+POLL_S = 1.0  # how often it reads the page meanwhile
 
 
 @dataclass
@@ -35,6 +36,7 @@ class ProbeReading:
 
     processes: dict[str, dict] = field(default_factory=dict)
     containers: dict[str, dict] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)  # processes with no pass since the idle point
 
     @property
     def passes(self) -> dict[str, int]:
@@ -126,7 +128,7 @@ class ProbeReader:
     def __init__(self, page: Callable[[], str], directory: str | None = None, wait_s: float = WAIT_S) -> None:
         self.page, self.directory, self.wait_s = page, directory, wait_s
         self.source: str | None = None  # "/metrics" or the directory, once the probe was seen
-        self.stale: list[str] = []  # processes that made no pass within wait_s at an idle point
+        self.stale: list[str] = []  # processes that made no pass within wait_s at some idle point
 
     def read(self) -> ProbeReading | None:
         """The probe's series now (None: no probe answers)."""
@@ -141,20 +143,22 @@ class ProbeReader:
         return reading
 
     def at_idle_point(self, *, baseline: bool = False) -> ProbeReading | None:
-        """Call at an idle point of the run: wait (up to ``wait_s``) until every process the probe
-        reports has made a pass since this call, then read. At the ``baseline`` (before any
-        request) the last passes stand. A process that makes no pass within ``wait_s`` (one that
-        did no work, so nothing moves its probe) is not waited for again: its last pass stands.
-        None when no probe answers."""
+        """Call at an idle point of the run: wait (up to ``wait_s``, reading the page every
+        ``POLL_S``: a scrape costs the server CPU, and a busy server makes no pass) until every
+        process the probe reports has made a pass since this call, then read. At the ``baseline``
+        (before any request) the last passes stand. A process that made no pass in time is listed
+        in ``ProbeReading.stale``: its counts are from before this idle point. None when no probe
+        answers."""
         first = self.read()
         if first is None or baseline:
             return first
-        waiting = {k: n for k, n in first.passes.items() if k not in self.stale}
+        waiting = dict(first.passes)
         deadline = time.monotonic() + self.wait_s
         reading = first
         while waiting and time.monotonic() < deadline:
-            time.sleep(0.25)
+            time.sleep(POLL_S)
             reading = self.read() or reading
             waiting = {k: n for k, n in waiting.items() if reading.passes.get(k, 0) <= n}
-        self.stale.extend(waiting)
+        reading.stale = sorted(waiting)
+        self.stale.extend(k for k in waiting if k not in self.stale)
         return reading
