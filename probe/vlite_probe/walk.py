@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import gc
 import itertools
 import re
+import signal
 import sys
+import threading
 import time
 import types
 
@@ -44,7 +47,16 @@ WALL_FACTOR = 10  # wall-clock bound of a pass, in CPU budgets (the host's threa
 
 _CONTAINERS = (dict, list, set, frozenset, collections.deque, tuple)
 _SKIP_TYPES = (str, bytes, bytearray, int, float, complex, bool, type(None), types.ModuleType, type,
-               types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType, memoryview, range)
+               types.BuiltinFunctionType, types.CodeType, memoryview, range)
+# A module's functions are its code, not its state: not roots (a function reached from an object,
+# a callback or a thread's target, is walked: its closure, or a bound method's owner)
+_ROOT_SKIP = _SKIP_TYPES + (types.FunctionType, types.MethodType)
+_CLOSURE = types.FunctionType.__dict__["__closure__"]
+_CELL = types.CellType.__dict__["cell_contents"]
+_METHOD_SELF = types.MethodType.__dict__["__self__"]
+_METHOD_FUNC = types.MethodType.__dict__["__func__"]
+_PARTIAL = tuple(functools.partial.__dict__[a] for a in ("func", "args", "keywords"))
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, n))
 # Packages with no per-request state of a server's, and much to walk (tensors' modules, compilers).
 SKIP_PACKAGES = frozenset({
     "vlite_probe", "torch", "numpy", "triton", "sympy", "scipy", "pandas", "jinja2", "google", "grpc", "pydantic_core",
@@ -141,9 +153,11 @@ class Census:
 
 def _roots() -> list[tuple[str, object]]:
     """The coroutines of asyncio tasks (their locals: where an ASGI server keeps its app and a
-    handler its request), then the containers and instances that modules hold as globals (not the
-    standard library's, not ``SKIP_PACKAGES``), as (owner name, object). Running threads' frames
-    are not read: ``frame.f_locals`` of a running frame writes into it."""
+    handler its request); the targets and arguments of running threads (a bound method's owner:
+    vLLM's engine core is reached from its socket threads) and the signal handlers; then the
+    containers and instances that modules hold as globals (not the standard library's, not
+    ``SKIP_PACKAGES``), as (owner name, object). Running threads' frames are not read:
+    ``frame.f_locals`` of a running frame writes into it."""
     out: list[tuple[str, object]] = []
     tasks = getattr(asyncio.tasks, "_all_tasks", None)
     pending: list = []
@@ -159,6 +173,18 @@ def _roots() -> list[tuple[str, object]]:
             code = coro.cr_code if _isa(coro, types.CoroutineType) else coro.gi_code
             out.append((f"<task {code.co_qualname}>", coro))
             coro = coro.cr_await if _isa(coro, types.CoroutineType) else coro.gi_yieldfrom
+    for thread in list(getattr(threading, "_active", {}).values()):
+        d = _instance_dict(thread)
+        if d is not None and thread is not threading.current_thread():
+            out.extend((f"<thread {d.get('_name', '?')}>", d.get(k)) for k in ("_target", "_args", "_kwargs")
+                       if d.get(k) is not None)
+    for sig in _SIGNALS:
+        try:
+            handler = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+        if _isa(handler, (types.FunctionType, types.MethodType, functools.partial)):
+            out.append((f"<signal handler {sig}>", handler))
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
@@ -169,11 +195,11 @@ def _roots() -> list[tuple[str, object]]:
         if d is None:
             continue
         out.extend((f"{name}.{attr}", value) for attr, value in list(d.items())
-                   if not _isa(value, _SKIP_TYPES) and not attr.startswith("__"))
+                   if not _isa(value, _ROOT_SKIP) and not attr.startswith("__"))
     return out
 
 
-SKIP, INSTANCE, CORO, DICT, DEQUE, LIST, TUPLE, SET = range(8)
+SKIP, INSTANCE, CORO, DICT, DEQUE, LIST, TUPLE, SET, FUNCTION, METHOD, PARTIAL = range(11)
 
 
 class _Types:
@@ -211,6 +237,12 @@ def _kind_of(t: type) -> int:
         return SKIP
     if issubclass(t, (types.CoroutineType, types.GeneratorType)):
         return CORO
+    if issubclass(t, types.FunctionType):
+        return FUNCTION
+    if issubclass(t, types.MethodType):
+        return METHOD
+    if issubclass(t, functools.partial):
+        return PARTIAL
     for base, kind in ((dict, DICT), (collections.deque, DEQUE), (list, LIST), (tuple, TUPLE),
                        ((set, frozenset), SET)):
         if issubclass(t, base):
@@ -272,6 +304,23 @@ def census(id_pattern: str = DEFAULT_ID_PATTERN, *, max_objects: int = 300_000, 
         try:
             if k == CORO:  # a suspended task's locals
                 queue.extend((owner, o) for o in gc.get_referents(obj) if kind(o) != SKIP)
+                continue
+            if k == FUNCTION:  # a callback's closure
+                cells = _CLOSURE.__get__(obj) or ()
+                for cell in cells:
+                    try:
+                        value = _CELL.__get__(cell)
+                    except ValueError:  # an empty cell
+                        continue
+                    if kind(value) != SKIP:
+                        queue.append((owner, value))
+                continue
+            if k == METHOD:  # a bound method: its owner (walked under its own class's name) and function
+                queue.extend((owner, o) for o in (_METHOD_SELF.__get__(obj), _METHOD_FUNC.__get__(obj))
+                             if kind(o) != SKIP)
+                continue
+            if k == PARTIAL:
+                queue.extend((owner, o) for o in (d.__get__(obj) for d in _PARTIAL) if kind(o) != SKIP)
                 continue
             if k == INSTANCE:
                 d = kinds.instance_dict(obj)

@@ -130,3 +130,35 @@ def test_an_asyncio_tasks_locals_are_walked_from_another_thread():
     top = asyncio.run(main()).top()
     name = next(k for k in top if k.endswith("Handler.pending"))
     assert top[name]["ids"] == 3
+
+
+def test_state_reached_only_through_a_threads_target_a_closure_or_a_partial():
+    import functools
+
+    class EngineCore:  # reached only as the owner of its socket thread's target (as vLLM's)
+        def __init__(self):
+            self.aborted_requests = {f"cmpl-lc-{i:05d}-0": i for i in range(6)}
+            self.stop = threading.Event()
+
+        def loop(self):
+            self.stop.wait(10)
+
+    core = EngineCore()
+    thread = threading.Thread(target=core.loop, name="input-socket")
+    thread.start()
+    kept = {f"chatcmpl-{i:08d}": i for i in range(4)}
+
+    def on_done():  # a callback holding state in its closure
+        return kept
+
+    holder = types.ModuleType("pretend_callbacks")
+    holder.hooks = [on_done, functools.partial(print, {"resp_0123456789": 1})]
+    sys.modules["pretend_callbacks"] = holder
+    try:
+        top = walk.census().top()
+    finally:
+        core.stop.set()
+        thread.join()
+        del sys.modules["pretend_callbacks"]
+    assert top[f"{EngineCore.__module__}.{EngineCore.__qualname__}.aborted_requests"]["ids"] == 6
+    assert top["pretend_callbacks.hooks[]"]["ids"] == 5  # the closure's dict (4) and the partial's (1)
