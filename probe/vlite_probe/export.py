@@ -7,6 +7,7 @@ so the API server's page carries the engine core's and the workers' censuses too
 
 Series (labels ``process``, ``pid``; the container ones add ``container``):
 
+* ``vlite_probe:info{dir}``: the probe's directory (a reader on the same host asks for passes there);
 * ``vlite_probe:passes_total``: passes so far (a reader waits for it to move after its idle point);
 * ``vlite_probe:pass_start_seconds``: Unix time the last pass started;
 * ``vlite_probe:pass_seconds`` (wall clock), ``vlite_probe:pass_cpu_seconds``, ``vlite_probe:pass_objects``, ``vlite_probe:pass_truncated`` (1: a
@@ -23,6 +24,7 @@ import os
 import sys
 
 PREFIX = "vlite_probe:"
+PASS_REQUEST = "pass-requested"  # a reader touches <dir>/pass-requested to ask every process for a pass
 _registered = False
 
 
@@ -75,7 +77,8 @@ def families(docs: list[dict]) -> list[tuple[str, str, str, list[tuple[dict, flo
                    ("pass_cpu_seconds", "gauge", "CPU time of the last pass (s): the GIL time it took", "pass_cpu_seconds"),
                    ("pass_objects", "gauge", "objects the last pass visited", "objects"),
                    ("pass_truncated", "gauge", "1: the last pass ran out of its budget", "truncated")]
-    out = []
+    out = [(PREFIX + "info", "gauge", "the probe's directory (where a reader on this host asks for passes)",
+            [({"dir": str(d.get("dir", ""))}, 1.0) for d in docs[:1]])]
     for name, kind, help_text, key in per_process:
         rows = [({"process": str(d.get("process")), "pid": str(d["pid"])}, float(d.get(key) or 0)) for d in docs]
         out.append((PREFIX + name, kind, help_text, rows))

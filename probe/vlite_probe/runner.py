@@ -1,9 +1,10 @@
 """The probe's thread: a census pass at each idle point of this process, within bounds.
 
 An idle point: the process used less than ``VLITE_PROBE_BUSY_FRACTION`` of one core (its CPU time
-less the probe's own) for ``VLITE_PROBE_QUIET_S`` seconds, after it had done ``MIN_WORK_S`` of work
-(CPU time) since the last pass, and at least ``VLITE_PROBE_INTERVAL_S`` after that pass (or
-``REFRESH_S`` after it with no work at all). Each pass has a CPU-time budget (``VLITE_PROBE_BUDGET_MS``, default
+less the probe's own) over the last ``VLITE_PROBE_QUIET_S`` seconds. A pass is due there when a
+reader asked for one (it touches ``<dir>/pass-requested`` at its own idle point: ``vlite leak-check``
+does, where the directory is on its host), or when the process did ``MIN_WORK_S`` of work (CPU
+time) since the last pass and ``VLITE_PROBE_INTERVAL_S`` passed, or ``REFRESH_S`` after the last. Each pass has a CPU-time budget (``VLITE_PROBE_BUDGET_MS``, default
 2000) and a visit budget; what it found is written as names and counts (``export.write``) and the
 pass's references to the host's objects are dropped before the thread sleeps again.
 
@@ -17,6 +18,7 @@ the pid of the first probed process, passed on to its children in ``VLITE_PROBE_
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -24,7 +26,7 @@ import time
 from vlite_probe import export, walk
 
 POLL_S = 0.25
-MIN_WORK_S = 0.02  # CPU seconds of the host's since the last pass that make a new one due
+MIN_WORK_S = 0.1  # CPU seconds of the host's since the last pass that make a new one due
 REFRESH_S = 60.0
 MAX_OBJECTS = 300_000
 
@@ -76,23 +78,38 @@ class Probe:
         self.stop = threading.Event()
 
     def run(self) -> None:
-        """Poll the process's CPU use every ``POLL_S`` and run a pass at each idle point."""
-        last_cpu, last_own, last_wall = time.process_time(), time.thread_time(), time.monotonic()
-        quiet_since, work, last_pass = last_wall, MIN_WORK_S, -REFRESH_S
+        """Poll the process's CPU use every ``POLL_S``; run a pass at each idle point that is due."""
+        samples: collections.deque = collections.deque()  # (wall, host CPU since the previous poll)
+        last_cpu, last_own = time.process_time(), time.thread_time()
+        start = time.monotonic()
+        work, last_pass, asked_seen = MIN_WORK_S, -REFRESH_S, self._asked()
         while not self.stop.wait(POLL_S):
             self._register_collector()
             cpu, own, wall = time.process_time(), time.thread_time(), time.monotonic()
             host_cpu = max(0.0, (cpu - last_cpu) - (own - last_own))
-            busy = host_cpu > self.busy_fraction * max(wall - last_wall, 1e-6)
-            last_cpu, last_own, last_wall, work = cpu, own, wall, work + host_cpu
-            if busy:
-                quiet_since = wall
+            last_cpu, last_own, work = cpu, own, work + host_cpu
+            samples.append((wall, host_cpu))
+            while samples and samples[0][0] < wall - self.quiet_s:
+                samples.popleft()
+            # idle: the host used under busy_fraction of a core over the last quiet_s seconds (a scrape
+            # or a health check now and then is no work; a request being served is)
+            if wall - start < self.quiet_s or sum(c for _, c in samples) > self.busy_fraction * self.quiet_s:
                 continue
-            due = (work >= MIN_WORK_S and wall - last_pass >= self.interval_s) or wall - last_pass >= REFRESH_S
-            if due and wall - quiet_since >= self.quiet_s:
+            asked = self._asked()
+            due = (asked != asked_seen or (work >= MIN_WORK_S and wall - last_pass >= self.interval_s)
+                   or wall - last_pass >= REFRESH_S)
+            if due:
                 self.one_pass()
-                last_pass, work = time.monotonic(), 0.0
-                last_cpu, last_own, last_wall = time.process_time(), time.thread_time(), time.monotonic()
+                last_pass, work, asked_seen = time.monotonic(), 0.0, asked
+                samples.clear()
+                last_cpu, last_own = time.process_time(), time.thread_time()
+
+    def _asked(self) -> float:
+        """The mtime of ``<directory>/pass-requested``, which a reader at an idle point touches (0: none)."""
+        try:
+            return os.stat(os.path.join(self.directory, export.PASS_REQUEST)).st_mtime
+        except OSError:
+            return 0.0
 
     def one_pass(self) -> dict:
         """Walk now and write the result; returns the document written (names and counts only)."""
@@ -105,7 +122,8 @@ class Probe:
         except Exception as exc:  # reported, never raised into the host
             containers, objects, elapsed, cpu, truncated, error = {}, 0, 0.0, 0.0, True, f"{type(exc).__name__}: {exc}"
         self.passes += 1
-        doc = {"pid": self.pid, "process": self.process, "passes": self.passes, "pass_start": started,
+        doc = {"pid": self.pid, "process": self.process, "dir": self.directory, "passes": self.passes,
+               "pass_start": started,
                "pass_seconds": round(elapsed, 4), "pass_cpu_seconds": round(cpu, 4), "objects": objects,
                "truncated": truncated, "error": error, "containers": containers}
         export.write(self.directory, doc)

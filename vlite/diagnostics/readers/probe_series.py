@@ -8,8 +8,8 @@ JSON files where the page does not carry them (a server on this host that serves
 ``prometheus_client`` registry).
 
 At an idle point of the run, a pass that started before the idle point may have seen requests
-still in flight; ``ProbeReader.at_idle_point`` waits until every process the probe has reported
-made a pass after it.
+still in flight; ``ProbeReader.at_idle_point`` asks for a pass (where the probe's directory is on
+this host) and waits until every process the probe has reported made one after it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from vlite.diagnostics.readers.metrics_text import MetricsFormatError, parse_page
 
 PREFIX = "vlite_probe:"
+PASS_REQUEST = "pass-requested"  # vlite_probe.export.PASS_REQUEST
 WAIT_S = 12.0  # how long an idle point waits for every process's next pass
 POLL_S = 1.0  # how often it reads the page meanwhile
 
@@ -37,6 +38,7 @@ class ProbeReading:
     processes: dict[str, dict] = field(default_factory=dict)
     containers: dict[str, dict] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # processes with no pass since the idle point
+    directory: str | None = None  # the probe's directory, as it says (vlite_probe:info{dir})
 
     @property
     def passes(self) -> dict[str, int]:
@@ -62,6 +64,9 @@ def from_page(text: str) -> ProbeReading | None:
               "pass_objects": "objects", "pass_truncated": "truncated"}
     for s in samples:
         name = s.name[len(PREFIX):]
+        if name == "info":
+            out.directory = s.labels.get("dir") or None
+            continue
         key = _process_key(s.labels.get("process", "?"), s.labels.get("pid", "?"))
         if name in fields:
             out.processes.setdefault(key, {"pid": s.labels.get("pid")})[fields[name]] = s.value
@@ -76,7 +81,7 @@ def from_docs(docs: list[dict]) -> ProbeReading | None:
     """The same from the probe's JSON documents (``vlite_probe.export``), or None when none."""
     if not docs:
         return None
-    out = ProbeReading()
+    out = ProbeReading(directory=docs[0].get("dir"))
     for d in docs:
         key = _process_key(d.get("process", "?"), d.get("pid", "?"))
         out.processes[key] = {"pid": str(d.get("pid")), "passes": d.get("passes", 0),
@@ -142,6 +147,21 @@ class ProbeReader:
                 self.source = self.directory
         return reading
 
+    @staticmethod
+    def ask_for_passes(directory: str | None) -> bool:
+        """Touch ``<directory>/pass-requested`` where the probe's directory is on this host: every
+        probed process then makes a pass at its next idle moment, work or none (True if asked)."""
+        if not directory or not os.path.isdir(directory):
+            return False
+        try:
+            path = os.path.join(directory, PASS_REQUEST)
+            with open(path, "a"):
+                pass
+            os.utime(path)
+        except OSError:
+            return False
+        return True
+
     def at_idle_point(self, *, baseline: bool = False) -> ProbeReading | None:
         """Call at an idle point of the run: wait (up to ``wait_s``, reading the page every
         ``POLL_S``: a scrape costs the server CPU, and a busy server makes no pass) until every
@@ -152,6 +172,7 @@ class ProbeReader:
         first = self.read()
         if first is None or baseline:
             return first
+        self.ask_for_passes(first.directory or self.directory)
         waiting = dict(first.passes)
         deadline = time.monotonic() + self.wait_s
         reading = first
