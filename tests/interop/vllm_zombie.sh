@@ -15,14 +15,7 @@ PY=.venv/bin/python
 "$VENV/bin/python" -c 'import vllm' 2>/dev/null || { echo "no vLLM in $VENV: run tests/interop/vllm.sh once"; exit 2; }
 MODEL_DIR=$($PY -c 'from vlite.engine.worker.loader import DEFAULT_MODEL, resolve_model; print(resolve_model(DEFAULT_MODEL).path)')
 mkdir -p "$OUT"
-PGID=
-stop_vllm() {
-  [ -n "${PGID:-}" ] || return
-  kill -TERM -- "-$PGID" 2>/dev/null
-  for _ in $(seq 1 30); do pgrep -g "$PGID" >/dev/null || break; sleep 1; done
-  kill -KILL -- "-$PGID" 2>/dev/null
-  PGID=
-}
+source tests/interop/vllm_lib.sh
 trap stop_vllm EXIT
 for case in $CASES; do
   PORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

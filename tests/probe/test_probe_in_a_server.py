@@ -94,6 +94,7 @@ def test_a_responses_store_that_keeps_every_response_is_named(server):
 
 def test_the_same_run_with_the_store_off_is_clean(server):
     base = server(VLITE_PROBE="1", PRETEND_STORE="0", **FAST)
+    assert _page_reading(base) is not None  # the probe's first pass, before the run (as in a server up a while)
     res = run_blackbox(connect(base, "vllm"), _responses_waves(), max_concurrency=4, drain_timeout_s=10,
                        bisect_budget_s=0)
     assert res.verdict == "CLEAN", res.summary
