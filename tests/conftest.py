@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,11 @@ from vlite.engine.worker.cpu_threads import apply_openmp_defaults
 apply_openmp_defaults()  # the OpenMP wait policy the vlite command runs with; must precede torch's import
 
 import torch  # noqa: E402
+
+# The probe is its own distribution (probe/); its tests import it from the checkout.
+PROBE_DIR = Path(__file__).resolve().parents[1] / "probe"
+if str(PROBE_DIR) not in sys.path:
+    sys.path.append(str(PROBE_DIR))
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
