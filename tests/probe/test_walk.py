@@ -49,6 +49,9 @@ class _TrapDict(dict):
 
 
 SERVING = f"{_Serving.__module__}._Serving"  # how the walk names an attribute of a _Serving
+# Inside a whole test session the process holds far more than a server would: a budget that the
+# walk never reaches, so that what these tests check does not depend on what ran before them.
+BUDGET, MAX_OBJECTS = 60.0, 10**7
 
 
 @pytest.fixture
@@ -69,7 +72,7 @@ def host_module():
 
 
 def test_containers_are_named_by_owner_and_count_request_ids(host_module):
-    c = walk.census()
+    c = walk.census(budget_s=BUDGET, max_objects=MAX_OBJECTS)
     top = c.top()
     assert top[SERVING + ".response_store"] == {"ids": 30, "entries": 30, "maxlen": None,
                                                                     "instances": 1}
@@ -84,7 +87,7 @@ def test_derived_and_foreign_ids(host_module):
     host_module.serving.response_store["not-an-id"] = 1
     host_module.extra = {"chatcmpl-abcdef123456-1": 1, "resp-ab1": 1, "msg_0123456789": 2, 12: "vlite-abc123def",
                          "batch_size": 8, "msg_template": "{x}", "cmpl-lc-00012-0": 3}
-    top = walk.census().top()
+    top = walk.census(budget_s=BUDGET, max_objects=MAX_OBJECTS).top()
     # derived ids (vLLM's from a client's X-Request-Id too), msg_, and an id as a value; not too
     # short an id, nor a name without a digit
     assert top["pretend_server.extra"]["ids"] == 4
@@ -93,7 +96,7 @@ def test_derived_and_foreign_ids(host_module):
 
 def test_a_custom_pattern_and_budgets(host_module):
     host_module.mine = {"job-000001": 1, "job-000002": 2}
-    assert walk.census(r"job-\d+").top() == {"pretend_server.mine": {"ids": 2, "entries": 2, "maxlen": None,
+    assert walk.census(r"job-\d+", budget_s=BUDGET, max_objects=MAX_OBJECTS).top() == {"pretend_server.mine": {"ids": 2, "entries": 2, "maxlen": None,
                                                                      "instances": 1}}
     assert walk.census(max_objects=3).truncated
     assert walk.census(budget_s=0.0).truncated
@@ -105,7 +108,7 @@ def test_the_walk_never_lists_every_object(host_module, monkeypatch):
 
     monkeypatch.setattr(gc, "get_objects", refuse)
     monkeypatch.setattr(gc, "get_referrers", refuse)
-    assert walk.census().top()[SERVING + ".response_store"]["ids"] == 30
+    assert walk.census(budget_s=BUDGET, max_objects=MAX_OBJECTS).top()[SERVING + ".response_store"]["ids"] == 30
 
 
 def test_an_asyncio_tasks_locals_are_walked_from_another_thread():
@@ -121,7 +124,7 @@ def test_an_asyncio_tasks_locals_are_walked_from_another_thread():
         task = asyncio.ensure_future(handle())
         await asyncio.sleep(0.05)
         out = {}
-        t = threading.Thread(target=lambda: out.setdefault("c", walk.census()))
+        t = threading.Thread(target=lambda: out.setdefault("c", walk.census(budget_s=BUDGET, max_objects=MAX_OBJECTS)))
         t.start()
         await asyncio.get_running_loop().run_in_executor(None, t.join)
         task.cancel()
@@ -155,7 +158,7 @@ def test_state_reached_only_through_a_threads_target_a_closure_or_a_partial():
     holder.hooks = [on_done, functools.partial(print, {"resp_0123456789": 1})]
     sys.modules["pretend_callbacks"] = holder
     try:
-        top = walk.census().top()
+        top = walk.census(budget_s=BUDGET, max_objects=MAX_OBJECTS).top()
     finally:
         core.stop.set()
         thread.join()
