@@ -44,7 +44,8 @@ class OpenAIServingResponses:
 
     def __init__(self, req: ResponsesRequest, request: Request, state: ServerState) -> None:
         self.req, self.request, self.state = req, request, state
-        self.response_id = f"resp_{uuid.uuid4().hex}"
+        uid = uuid.uuid4().hex
+        self.response_id, self.message_id = f"resp_{uid}", f"msg_{uid}"
         self.created_at = int(time.time())
 
     def conversation(self) -> list[dict]:
@@ -57,9 +58,8 @@ class OpenAIServingResponses:
         if self.req.previous_response_id is not None:
             stored = self.state.responses.get(self.req.previous_response_id)
             if stored is None:
-                raise APIError(404, f"previous response {self.req.previous_response_id!r} not found (never stored, "
-                               f"or dropped: the store keeps {self.state.responses.max_entries} responses for "
-                               f"{self.state.responses.ttl_s:g} s)", param="previous_response_id")
+                raise APIError(404, f"previous response {self.req.previous_response_id!r} "
+                               f"{_not_stored(self.state)}", param="previous_response_id")
             messages = [m for m in stored[0] if m["role"] != "system"]
         if self.req.instructions:
             messages.insert(0, {"role": "system", "content": self.req.instructions})
@@ -105,7 +105,7 @@ class OpenAIServingResponses:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "previous_response_id": self.req.previous_response_id, "store": self.req.store,
                 "instructions": self.req.instructions,
-                "output": [{"type": "message", "id": f"msg_{self.response_id[5:]}", "status": "completed",
+                "output": [{"type": "message", "id": self.message_id, "status": "completed",
                             "role": "assistant", "content": [{"type": "output_text", "text": text,
                                                               "annotations": []}]}],
                 "usage": {"input_tokens": usage.get("prompt_tokens", 0),
@@ -145,7 +145,7 @@ class OpenAIServingResponses:
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
                         texts.append(piece)
-                        yield event("response.output_text.delta", item_id=f"msg_{self.response_id[5:]}",
+                        yield event("response.output_text.delta", item_id=self.message_id,
                                     output_index=0, content_index=0, delta=piece)
                     finish = choice.get("finish_reason") or finish
         finally:
@@ -153,6 +153,11 @@ class OpenAIServingResponses:
         response = self._response("".join(texts), finish, usage)
         self._keep(response, messages)
         yield event(f"response.{response['status']}", response=response)
+
+
+def _not_stored(state: ServerState) -> str:
+    return (f"not found (never stored, or dropped: the store keeps {state.responses.max_entries} responses for "
+            f"{state.responses.ttl_s:g} s)")
 
 
 def stored_response(state: ServerState, response_id: str) -> dict:
@@ -163,6 +168,5 @@ def stored_response(state: ServerState, response_id: str) -> dict:
     """
     stored = state.responses.get(response_id)
     if stored is None:
-        raise APIError(404, f"response {response_id!r} not found (never stored, or dropped: the store keeps "
-                       f"{state.responses.max_entries} responses for {state.responses.ttl_s:g} s)")
+        raise APIError(404, f"response {response_id!r} {_not_stored(state)}")
     return stored[1]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.readers.metrics_text import FamilyCounts, MetricsFormatError, parse_page
+from vlite.diagnostics.readers.probe_series import PREFIX as PROBE_PREFIX
 
 # New series after the first wave below which growth is not called a leak: a label over a fixed
 # set of up to this many values (vlite's request features, vLLM's finish reasons) may fill late in
@@ -33,7 +34,6 @@ MIN_SERIES_PER_REQUEST = 0.1
 # middle, by requests served), of the growth a steady rate per request would give there (a set
 # filling up slows down; values per request do not).
 MIN_LATE_SHARE = 0.5
-PROBE_PREFIX = "vlite_probe:"
 
 
 def series_counts(text: str) -> FamilyCounts:

@@ -10,9 +10,8 @@ container test the in-process host-memory check uses (``host_memory.plateau_test
 named by process and container (vLLM's Responses API store, ``response_store``, is one when
 ``VLLM_ENABLE_RESPONSES_API_STORE=1``: vllm#48275).
 
-A bounded container (a deque with ``maxlen``) that has reached its cap is "bounded", not a leak,
-and one still below it is reported as "bounded at N or more" rather than a leak while the run is
-too short to reach the cap.
+A growing container with a cap (a deque with ``maxlen``) is reported as bounded, at or below its
+cap, not as a leak.
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def probe_census_check(points: Sequence[tuple[float, ProbeReading | None]]) -> d
     # the entries of a growing container hold the ids too ("store[]"): one finding, the container's
     named = {(g["process"], g["container"]) for g in result["growing"]}
     result["growing"] = [g for g in result["growing"]
-                         if not (g["container"].endswith("[]") and (g["process"], g["container"].rstrip("[]")) in named)]
+                         if not (g["container"].endswith("[]") and (g["process"], g["container"].removesuffix("[]")) in named)]
     result["verdict"] = Verdict.LEAK if result["growing"] else Verdict.CLEAN
     return result
 

@@ -132,19 +132,12 @@ class ProbeReader:
 
     def __init__(self, page: Callable[[], str], directory: str | None = None, wait_s: float = WAIT_S) -> None:
         self.page, self.directory, self.wait_s = page, directory, wait_s
-        self.source: str | None = None  # "/metrics" or the directory, once the probe was seen
-        self.stale: list[str] = []  # processes that made no pass within wait_s at some idle point
 
     def read(self) -> ProbeReading | None:
         """The probe's series now (None: no probe answers)."""
         reading = from_page(self.page())
-        if reading is not None:
-            self.source = "/metrics"
-            return reading
-        if self.directory:
+        if reading is None and self.directory:
             reading = from_docs(read_dir(self.directory))
-            if reading is not None:
-                self.source = self.directory
         return reading
 
     @staticmethod
@@ -181,5 +174,4 @@ class ProbeReader:
             reading = self.read() or reading
             waiting = {k: n for k, n in waiting.items() if reading.passes.get(k, 0) <= n}
         reading.stale = sorted(waiting)
-        self.stale.extend(k for k in waiting if k not in self.stale)
         return reading
