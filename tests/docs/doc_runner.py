@@ -98,7 +98,10 @@ class BlockSession:
 
     def prepare(self, cmd: DocCommand) -> str:
         """The command as this session runs it: free ports, the tiny model."""
-        text = cmd.text
+        # the reader's .venv is this one: named by its real path, as its own scripts' shebangs name it
+        # (through the scratch directory's link, Python's sys.prefix would be the link, and the C++
+        # kernels, cached per venv path, would build again: minutes)
+        text = re.sub(r"(?<![\w./-])\.venv/bin/", f"{BIN}/", cmd.text)
         if re.match(r"(\S*/)?vlite serve\b", text) and "--port" not in text:  # the default port, made explicit
             text = re.sub(r"vlite serve\b", "vlite serve --port 8000", text, count=1)
         return with_model(self._ports(text), self.model)
