@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from doc_commands import DocCommand, documented_commands  # noqa: E402
-from doc_runner import BlockSession  # noqa: E402
+from doc_runner import BlockSession, Outcome  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,9 +114,9 @@ def workdir(tmp_path) -> Path:
 
 # Outcomes of commands already run in an earlier block, by the command as run: a page that repeats
 # another's command (the README's tour and docs/distributed.md both show `vlite leak-check -tp 3`)
-# checks the one outcome against its own claim instead of running it again. Only commands that
-# need no server of their block and write nothing the block reads later are shared.
-_OUTCOMES: dict[str, object] = {}
+# checks the one outcome against its own claim instead of running it again. Only foreground vlite
+# commands that use no server of their block and name no --report path are shared.
+_OUTCOMES: dict[str, Outcome] = {}
 
 
 def _shareable(text: str) -> bool:
