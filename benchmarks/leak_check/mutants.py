@@ -257,6 +257,20 @@ MUTANTS = [
            " ctypes.c_long]\n"
            "            ctypes.memset(libc.mmap(None, 1 << 20, 3, 0x22, -1, 0), 1, 1 << 20)\n",
            args=("--workload", "kind-waves")),
+    Mutant("lru-cache-keyed-by-request", "per-request state (functools cache)",
+           "an unbounded lru_cache on a method, called with each output's request id (its keys hold self and the id)",
+           "engine/output_processor.py", "    def make_output(self, req: Request) -> RequestOutput:\n",
+           "    @__import__(\"functools\").lru_cache(maxsize=None)  # noqa: B019\n"
+           "    def _samples_summary(self, request_id: str, n: int) -> str:\n"
+           "        return f\"{request_id}: {n}\"\n\n"
+           "    def make_output(self, req: Request) -> RequestOutput:\n"
+           "        self._samples_summary(req.request_id, len(req.seqs))\n"),
+    Mutant("usage-kept-by-response-id", "per-request state (derived key)",
+           "the API server keeps each answer's prompt count under the id handed to the client (chatcmpl-<id>, cmpl-<id>)",
+           "entrypoints/serving.py", "        self.response_id = f\"{self.response_id_prefix}-{info.request_id}\"\n",
+           "        self.response_id = f\"{self.response_id_prefix}-{info.request_id}\"\n"
+           "        self.state.__dict__.setdefault(\"prompts_by_response_id\", {})[self.response_id] = len(prompts)\n",
+           mode="serve"),
 ]
 
 

@@ -84,6 +84,99 @@ def test_census_is_empty_when_nothing_holds_an_ended_request():
     assert result.objects_visited >= 3
 
 
+def test_census_finds_keys_and_values_derived_from_an_ended_id():
+    """The id handed to the client (``chatcmpl-<id>``), a choice's or prompt's (``<id>-1``,
+    ``1_<id>``), a cache key (``<id>:prefix``) and a multi-prompt request's response id
+    (``cmpl-<parent>`` where the engine's ids are ``<parent>-0``, ``<parent>-1``) all stand for
+    the ended request; an id that only starts the same way, or a short id inside a word, does not."""
+    ended = {"lc-00017", "lc-00018", "lc-00019", "lc-00020", "cmpl-9f2a71-0", "cmpl-9f2a71-1", "r-1"}
+    root = _Holder(
+        responses={"chatcmpl-lc-00017": "hi"},
+        choices=["lc-00018-1", "lc-00018-2"],
+        parallel={"1_lc-00019": 3},
+        prefix_keys={"lc-00020:prefix": 0},
+        by_http_id={"cmpl-9f2a71": "whole"},
+        unrelated={"lc-000171": 1, "lc-00017x": 2, "car-1-door": 3, "cmpl-9f2a712": 4},
+    )
+    result = request_census({"engine": root}, ended)
+    assert _paths(result) == {
+        "engine.responses": ("key", ("lc-00017",)),
+        "engine.choices": ("element", ("lc-00018",)),
+        "engine.parallel": ("key", ("lc-00019",)),
+        "engine.prefix_keys": ("key", ("lc-00020",)),
+        "engine.by_http_id": ("key", ("cmpl-9f2a71-0",)),
+    }
+    assert [h.num_entries for h in result.held if h.path == "engine.choices"] == [2]
+
+
+def test_census_enters_closures_bound_methods_partials_and_lru_caches():
+    """State held by a callback: a closure's cell, a bound method's owner, a partial's argument,
+    an ``lru_cache`` keyed by request id (alone or with ``self``). An object also held plainly
+    keeps its plain path."""
+    import functools
+
+    by_request = {"lc-00031": "state"}
+
+    def on_output():
+        return by_request
+
+    class _Tracker:
+        def __init__(self) -> None:
+            self.pending = {"lc-00032": 1}
+
+        def observe(self) -> None:
+            pass
+
+        @functools.cache  # noqa: B019 - a per-instance cache is the planted leak
+        def prompt_ids(self, request_id: str) -> list[int]:
+            return [1, 2]
+
+    @functools.cache
+    def detokenizer_for(request_id: str) -> str:
+        return request_id.upper()
+
+    tracker = _Tracker()
+    tracker.prompt_ids("lc-00035")
+    detokenizer_for("lc-00036")
+    shared = {"lc-00037": 0}
+    root = _Holder(callbacks=[on_output, tracker.observe, functools.partial(print, {"lc-00033": 2}, sep=["lc-00034"])],
+                   plain=_Holder(shared=shared), hooks={"done": functools.partial(len, shared)},
+                   cached=detokenizer_for, cached_method=_Tracker.prompt_ids)
+    result = request_census({"engine": root}, {f"lc-000{i}" for i in range(31, 38)})
+    assert _paths(result) == {
+        "engine.callbacks[0].<closure by_request>": ("key", ("lc-00031",)),
+        "engine.callbacks[1].__self__.pending": ("key", ("lc-00032",)),
+        "engine.callbacks[2].args[0]": ("key", ("lc-00033",)),
+        "engine.callbacks[2].keywords['sep']": ("element", ("lc-00034",)),
+        "engine.cached_method.<lru_cache>": ("key", ("lc-00035",)),
+        "engine.cached.<lru_cache>": ("key", ("lc-00036",)),
+        "engine.plain.shared": ("key", ("lc-00037",)),
+    }
+
+
+def test_module_roots_include_lru_cached_functions(monkeypatch):
+    import functools
+    import sys
+    import types
+
+    from vlite.engine.census import module_roots
+
+    mod = types.ModuleType("censusfixture.detok")
+
+    @functools.cache
+    def by_request(request_id: str) -> int:
+        return len(request_id)
+
+    by_request.__module__ = mod.__name__
+    mod.by_request, mod.imported = by_request, functools.lru_cache(maxsize=None)(len)  # another module's
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    by_request("lc-00041")
+    roots = module_roots(("censusfixture",))
+    assert list(roots) == ["censusfixture.detok.by_request"]
+    result = request_census(roots, {"lc-00041"})
+    assert _paths(result) == {"censusfixture.detok.by_request.<lru_cache>": ("key", ("lc-00041",))}
+
+
 def test_census_says_when_it_stopped_at_its_budget():
     root = _Holder(chain=[[[[{"r-1": 1}]]]])
     assert request_census({"engine": root}, {"r-1"}, max_objects=2).truncated

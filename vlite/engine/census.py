@@ -3,7 +3,7 @@
 The leak check's registry list (``introspection.REGISTRIES``) names the per-request maps someone
 thought of. The census finds the ones nobody registered: it walks the object graph from a few
 roots (the engine, the serving loop, the server's state) and reports every container that holds
-an ended request's id (a ``str``) or an object of one (anything whose ``request_id`` is an ended
+an ended request's id (a ``str``, or a string derived from one: ``DerivedIds``) or an object of one (anything whose ``request_id`` is an ended
 id: ``Request``, ``Sequence``, ``RequestRecord``, a client's own state object) as a key, a value,
 an element or an attribute. Each hit is named by its attribute path from the root, e.g.
 ``engine.output_processor.holdback['lc-00017']``.
@@ -25,6 +25,7 @@ so it runs only at idle points, never inside a step.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import logging
 import os
@@ -51,10 +52,17 @@ ENDED_HISTORY = 10_000
 CENSUS_OVERDUE_INTERVALS = 3
 
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice)
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType,
            types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType,
            types.TracebackType, types.MethodWrapperType, types.WrapperDescriptorType, types.GetSetDescriptorType,
            types.MemberDescriptorType, property, staticmethod, classmethod)
+
+
+# Callables that hold state: a closure's cells, a bound method's owner, a partial's arguments,
+# an ``lru_cache``'s cache (its keys hold the arguments). Entered after everything else, so that
+# an object both held plainly and reached through a callback keeps its plain path.
+_LRU_CACHE_WRAPPER = type(functools.lru_cache(maxsize=1)(lambda: None))
+_CALLABLES = (types.FunctionType, types.MethodType, functools.partial, _LRU_CACHE_WRAPPER)
 
 
 @dataclass(frozen=True)
@@ -103,13 +111,64 @@ class CensusResult:
                 "truncated": self.truncated}  # sizes are per idle point: kept there, not in the report
 
 
+# Ids derived from a request id: the response id handed to the client (``chatcmpl-<id>``,
+# ``cmpl-<id>``), a choice's or a prompt's (``<id>-1``, vLLM's ``1_<id>``), a cache key
+# (``<id>:prefix``). They are found where the ended id sits between these separators (or the
+# string's ends), and only for ids of at least DERIVED_MIN_LEN characters: a short id such as
+# ``r-1`` would sit inside unrelated strings.
+DERIVED_SEPARATORS = frozenset("-_:/.|#@")
+DERIVED_MIN_LEN = 6
+_DERIVED_MAX_LEN = 256  # longer strings (texts, not keys) are not searched
+_DERIVED_MAX_SEPARATORS = 16
+
+
+class DerivedIds:
+    """Finds the ended request a string stands for: the id itself, a string that contains it
+    between separators (``chatcmpl-<id>``, ``<id>-0``), or one that contains the parent id of a
+    multi-prompt request's ended ``<parent>-<k>`` (the response id ``cmpl-<parent>``).
+
+    Meant for an idle point, when every request the process knew has ended: a live request's
+    id never shares a parent with an ended one there.
+    """
+
+    def __init__(self, ended: Iterable[str]) -> None:
+        self.exact = frozenset(ended)
+        lookup: dict[str, str] = {}
+        for rid in sorted(self.exact):  # sorted: a parent names its first child, run after run
+            if len(rid) >= DERIVED_MIN_LEN:
+                lookup.setdefault(rid, rid)
+                parent, sep, tail = rid.rpartition("-")
+                if sep and tail.isdigit() and len(parent) >= DERIVED_MIN_LEN:
+                    lookup.setdefault(parent, rid)
+        self._lookup = lookup
+
+    def __call__(self, text: str) -> str | None:
+        if text in self.exact:
+            return text
+        if not self._lookup or not DERIVED_MIN_LEN < len(text) <= _DERIVED_MAX_LEN:
+            return None
+        cuts = [i for i, ch in enumerate(text) if ch in DERIVED_SEPARATORS]
+        if not cuts or len(cuts) > _DERIVED_MAX_SEPARATORS:
+            return None
+        starts = [0, *(i + 1 for i in cuts)]
+        ends = [*cuts, len(text)]
+        for a in starts:
+            for b in ends:
+                if b - a >= DERIVED_MIN_LEN:
+                    rid = self._lookup.get(text[a:b])
+                    if rid is not None:
+                        return rid
+        return None
+
+
 class _Match:
-    """What counts as an ended request: its id (str), a sequence id of ``seq_id_type`` that is not
-    live (named ``seq <id>`` or by its request where ``seq_names`` knows it), or an object whose
-    ``request_id`` is an ended id."""
+    """What counts as an ended request: its id (str) or a string derived from it
+    (``DerivedIds``), a sequence id of ``seq_id_type`` that is not live (named ``seq <id>`` or by
+    its request where ``seq_names`` knows it), or an object whose ``request_id`` is an ended id."""
 
     def __init__(self, ended, seq_id_type, live_seq_ids, seq_names) -> None:
-        self.ended, self.seq_id_type, self.live, self.seq_names = ended, seq_id_type, live_seq_ids, seq_names
+        self.ended = DerivedIds(ended)
+        self.seq_id_type, self.live, self.seq_names = seq_id_type, live_seq_ids, seq_names
 
     def __call__(self, obj: object) -> str | None:
         if self.seq_id_type is not None and type(obj) is self.seq_id_type:
@@ -117,17 +176,18 @@ class _Match:
         return _request_id_of(obj, self.ended)
 
 
-def _request_id_of(obj: object, ended: frozenset[str] | set[str]) -> str | None:
-    """The ended request an object stands for: itself if an ended id, or its ``request_id``."""
+def _request_id_of(obj: object, ended: DerivedIds) -> str | None:
+    """The ended request an object stands for: itself if an ended id (or derived from one), or
+    its ``request_id`` (exact)."""
     if isinstance(obj, str):
-        return obj if obj in ended else None
+        return ended(obj)
     if isinstance(obj, _ATOMS) or isinstance(obj, _OPAQUE):
         return None
     try:
         rid = obj.__dict__.get("request_id") if hasattr(obj, "__dict__") else getattr(obj, "request_id", None)
     except Exception:  # noqa: BLE001 - any object may be walked; a broken __getattr__ is not ours to fix
         return None
-    return rid if isinstance(rid, str) and rid in ended else None
+    return rid if isinstance(rid, str) and rid in ended.exact else None
 
 
 # Not entered, by the module of an object's type: tensors and arrays (a per-request one is found
@@ -142,8 +202,35 @@ def _not_entered(obj: object) -> bool:
     return type(obj).__module__.startswith(_NOT_ENTERED_MODULES)
 
 
+def _callable_children(obj: object) -> Iterable[tuple[str, str, object]]:
+    """What a callable holds: a closure's cells (by variable name), a bound method's owner, a
+    partial's function and arguments, an ``lru_cache``'s cache dict. Never a function's globals."""
+    if isinstance(obj, types.FunctionType):
+        names = obj.__code__.co_freevars
+        for name, cell in zip(names, obj.__closure__ or ()):
+            try:
+                yield f".<closure {name}>", "attribute", cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+    elif isinstance(obj, types.MethodType):
+        yield ".__self__", "attribute", obj.__self__
+    elif isinstance(obj, functools.partial):
+        yield ".func", "attribute", obj.func
+        for i, arg in enumerate(obj.args):
+            yield f".args[{i}]", "element", arg
+        for k, v in obj.keywords.items():
+            yield f".keywords[{k!r}]", "value", v
+    elif isinstance(obj, _LRU_CACHE_WRAPPER):
+        for ref in gc.get_referents(obj):  # the C wrapper's cache is only reachable this way
+            if type(ref) is dict and ref is not getattr(obj, "__dict__", None):
+                yield ".<lru_cache>", "element", ref
+
+
 def _children(obj: object) -> Iterable[tuple[str, str, object]]:
     """(path suffix, kind, child) for everything an object holds; kind says how it is held."""
+    if isinstance(obj, _CALLABLES):
+        yield from _callable_children(obj)
+        return
     if isinstance(obj, Mapping) or isinstance(obj, (dict, types.MappingProxyType)):
         try:
             items = list(obj.items())
@@ -182,7 +269,8 @@ def _children(obj: object) -> Iterable[tuple[str, str, object]]:
 def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: Iterable[object] = (),
                    seq_id_type: type | None = None, live_seq_ids: Iterable[int] = (),
                    seq_names: Mapping[int, str] | None = None,
-                   max_objects: int = 500_000, max_ids_per_container: int = 20) -> CensusResult:
+                   max_objects: int = 500_000, max_ids_per_container: int = 20,
+                   callbacks_not_followed_into: tuple[str, ...] = ()) -> CensusResult:
     """Walk everything reachable from ``roots`` and report each container holding ended requests.
 
     roots: name -> object to start from (the name starts each path); ended: ids of requests that
@@ -190,7 +278,10 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
     (bounded histories kept on purpose); max_objects: visit budget (the result says truncated
     when it is hit). seq_id_type: the type of sequence ids (``sequence.SeqId``): every instance
     not in ``live_seq_ids`` counts as an ended request's, reported by ``seq_names[seq_id]`` (its
-    request id, where known) or ``"seq <id>"``. A matched object (an ended request's id or an object whose ``request_id``
+    request id, where known) or ``"seq <id>"``. callbacks_not_followed_into: packages whose objects
+    are not entered when a callable leads to them (another census's side of a callback: the API
+    server's async client behind the engine loop's event callback, with the API server in the
+    same process); they are still matched. A matched object (an ended request's id or an object whose ``request_id``
     is one) is reported in its container and not entered. Raises nothing for odd objects: what
     cannot be iterated is skipped.
     """
@@ -206,7 +297,10 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
     visited = 0
     truncated = False
     sizes: dict[str, int] = {}
-    while stack:
+    deferred: list[tuple[str, object]] = []  # callables, entered once nothing else is left
+    while stack or deferred:
+        if not stack:
+            stack, deferred = deferred[::-1], []
         if visited >= max_objects:
             truncated = True
             break
@@ -218,8 +312,8 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
         held_key = None  # the suffix of a map entry whose key is an ended request's
         for suffix, kind, child in _children(obj):
             rid = match(child)
-            if rid is None and kind == "key" and isinstance(child, tuple):
-                # a compound key, e.g. the ledger's (seq_id, block_id)
+            if rid is None and kind == "key" and isinstance(child, (tuple, list)):
+                # a compound key, e.g. the ledger's (seq_id, block_id), an lru_cache's arguments
                 rid = next((r for r in map(match, child) if r is not None), None)
             if rid is not None:
                 if kind == "key":
@@ -236,8 +330,11 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
                 continue  # an ended request's entry is reported at its map, not per part of its value
             if id(child) in seen:
                 continue
+            if callbacks_not_followed_into and isinstance(obj, _CALLABLES) and \
+                    _under(type(child).__module__, callbacks_not_followed_into):
+                continue
             seen.add(id(child))
-            stack.append((path + suffix, child))
+            (deferred if isinstance(child, _CALLABLES) else stack).append((path + suffix, child))
     held = []
     for where, (tname, by_kind) in sorted(hits.items()):
         uniq = sorted({rid for ids in by_kind.values() for rid in ids})
@@ -260,7 +357,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def module_roots(prefixes: tuple[str, ...] = ENGINE_MODULES, exclude: tuple[str, ...] = ()) -> dict[str, object]:
-    """Module-level and class-level containers of the loaded modules under ``prefixes`` and not
+    """Module-level and class-level containers (and ``lru_cache`` functions) of the loaded modules under ``prefixes`` and not
     under ``exclude`` (dotted package names: ``vlite.engine`` covers ``vlite.engine.serving.streams``),
     as census roots named by their dotted path (``vlite.engine.worker.sampler._CACHE``): state that
     no instance holds (a module cache, a class-level registry) is reached too."""
@@ -275,9 +372,10 @@ def module_roots(prefixes: tuple[str, ...] = ENGINE_MODULES, exclude: tuple[str,
                 for cattr, cvalue in list(vars(value).items()):
                     if cattr.startswith("_") and cattr.endswith("_"):
                         continue  # dunders, dataclass fields, Enum tables: the class's own machinery
-                    if isinstance(cvalue, (dict, list, set, collections.deque)):
+                    if isinstance(cvalue, (dict, list, set, collections.deque, _LRU_CACHE_WRAPPER)):
                         roots[f"{name}.{attr}.{cattr}"] = cvalue
-            elif isinstance(value, (dict, list, set, collections.deque)) and not attr.startswith("__"):
+            elif isinstance(value, (dict, list, set, collections.deque, _LRU_CACHE_WRAPPER)) and \
+                    not attr.startswith("__") and getattr(value, "__module__", name) == name:
                 roots[f"{name}.{attr}"] = value
     return roots
 

@@ -329,8 +329,9 @@ class EngineView:
         (ints only, one per block). Costs one visit per reachable object (ms;
         docs/benchmarks.md, "Request-id census: cost per idle point"), so never call it inside a step. ``skip``: more objects not to enter
         (the caller's own bounded record of ended ids). ``exclude_modules``: packages whose
-        module-level containers another census walks (``census.API_SERVER_MODULES`` when the API
-        server shares this process). See ``census.request_census``.
+        module-level containers, and whose objects a callback leads to, another census walks
+        (``census.API_SERVER_MODULES`` when the API server shares this process). See
+        ``census.request_census``.
         """
         sched = self._engine.scheduler
         bm = sched.kv_cache_manager
@@ -348,7 +349,8 @@ class EngineView:
                               skip=[sched.finished_records, bm.ledger.released, bm.ledger.frees, bm.cached_blocks,
                                     bm.ledger._anomalies, bm.blocks, bm.free_block_queue,
                                     *skip],  # anomalies are reported as such
-                              seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects)
+                              seq_id_type=SeqId, live_seq_ids=live, seq_names=names, max_objects=max_objects,
+                              callbacks_not_followed_into=exclude_modules)
 
     def worker_census(self, ended_request_ids) -> list[dict]:
         """The request-id census inside each tensor-parallel worker process, rank order (empty
