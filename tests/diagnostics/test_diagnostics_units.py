@@ -138,3 +138,33 @@ def test_labelled_values_keys_vlite_series_by_name_and_finish_reason():
             'other:series{model_name="m"} 5.0\n')
     assert labelled_values(text) == {"vlite:num_free_blocks": 12.0, "vlite:request_success_total{stop}": 3.0,
                                      "vlite:request_success_total{abort}": 1.0}
+
+
+def test_the_sampler_takes_no_sample_while_paused():
+    # A scrape is work for the server: a probe inside it waiting for an idle moment needs none.
+    import threading
+    import time
+
+    from vlite.diagnostics.readers.samplers import Sampler
+    from vlite.diagnostics.targets.connection import NullProbe
+
+    calls = []
+    tick = threading.Event()
+
+    def source():
+        calls.append(time.monotonic())
+        tick.set()
+        return {}
+
+    sampler = Sampler(source, NullProbe(), interval_s=0.01).start()
+    try:
+        assert tick.wait(5)
+        with sampler.paused():
+            time.sleep(0.05)  # a sample already under way may finish
+            n = len(calls)
+            time.sleep(0.2)
+            assert len(calls) == n
+        tick.clear()
+        assert tick.wait(5)  # sampling goes on after the block
+    finally:
+        sampler.stop()

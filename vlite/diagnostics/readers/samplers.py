@@ -11,13 +11,14 @@ fallback where the NVML binding is missing. Without a GPU the probe says so once
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pandas as pd
 import psutil
@@ -155,6 +156,7 @@ class Sampler:
         self.errors = 0
         self.t0 = time.time()
         self._stop = threading.Event()
+        self._paused = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vlite-leak-sampler", daemon=True)
 
     def sample(self) -> dict | None:
@@ -171,8 +173,19 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.sample()
+            if not self._paused.is_set():
+                self.sample()
             self._stop.wait(self.interval_s)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No samples inside the block. A scrape is work for the server: while a probe inside it
+        waits for an idle moment, ten scrapes a second would keep it from ever seeing one."""
+        self._paused.set()
+        try:
+            yield
+        finally:
+            self._paused.clear()
 
     def start(self) -> Sampler:
         self.t0 = time.time()

@@ -25,9 +25,11 @@ client action leaves KV cache behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -188,11 +190,14 @@ def _rss(memory) -> int | None:
 
 async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], results: dict[str, RequestResult],
                         out: ReplayResult, series: list | None = None, probe: ProbeReader | None = None,
-                        probe_points: list | None = None) -> tuple[list[float], bool]:
+                        probe_points: list | None = None,
+                        quiet: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+                        ) -> tuple[list[float], bool]:
     """Replay every wave with a confirmed idle point after each. Returns (KV used at each idle
     point, baseline first) and whether every wave drained. ``series`` gets, per idle point,
     (requests served, the page's series per family: ``cardinality.series_counts``);
-    ``probe_points`` gets (requests served, the probe's census: ``probe.at_idle_point``)."""
+    ``probe_points`` gets (requests served, the probe's census: ``probe.at_idle_point``, read
+    inside ``quiet()``: the run's own sampling paused, so the server can go idle)."""
     series = [] if series is None else series
     probe_points = [] if probe_points is None else probe_points
     used: list[float] = []
@@ -220,7 +225,8 @@ async def _replay_waves(driver: BlackboxDriver, waves: list[list[RequestSpec]], 
             out.idle_points.append(IdlePoint(time.time(), completed, state.kv_used, _rss(driver.memory)))
             series.append((completed, series_counts(driver.conn.metrics_text())))
             if probe is not None:
-                probe_points.append((completed, probe.at_idle_point()))
+                with quiet():
+                    probe_points.append((completed, probe.at_idle_point()))
     return used, True
 
 
@@ -338,7 +344,8 @@ def run_blackbox(conn: Connection, waves: list[list[RequestSpec]], *, max_concur
     series: list = []
     probe, probe_points = ProbeReader(conn.metrics_text, session_dir(pid)), []
     try:
-        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series, probe, probe_points))
+        used, drained = asyncio.run(_replay_waves(driver, waves, results, out, series, probe, probe_points,
+                                                         quiet=sampler.paused))
         out.end_time = time.time()
         baseline = used[0] if used else None
         final = used[-1] if used else None
