@@ -1,7 +1,8 @@
-"""Zombie requests found from outside: a `vlite serve` with a planted zombie (a streaming client
-that disconnects before the first token never triggers the abort; tests/diagnostics/zombie_serve.py)
-is ZOMBIE, named by its client action, with a reproducer; the unpatched server is CLEAN. Only
-/metrics is read. 127.0.0.1 only, bounded waits."""
+"""Zombie requests found from outside: a `vlite serve` with planted zombies in three windows
+(tests/diagnostics/zombie_serve.py: a streaming client that disconnects before the first token, a
+client that leaves while its request is admitted, a multi-prompt request refused for one prompt)
+is ZOMBIE, each named by its client action and request id, with a reproducer; the unpatched
+server is CLEAN. Only /metrics is read. 127.0.0.1 only, bounded waits."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ from vlite.diagnostics.targets.zombie_blackbox import (
 ZOMBIE_SERVE = str(Path(__file__).with_name("zombie_serve.py"))
 
 
-@pytest.fixture
-def zombie_server(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(serve_harness, "VLITE", [sys.executable, ZOMBIE_SERVE])
-    srv = ServerProcess(tiny_model_dir, tmp_path / "zombie.log", "--num-blocks", "128")
+@pytest.fixture(scope="module")
+def zombie_server(tiny_model_dir, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serve_harness, "VLITE", [sys.executable, ZOMBIE_SERVE])
+        srv = ServerProcess(tiny_model_dir, tmp_path_factory.mktemp("zombie") / "zombie.log", "--num-blocks", "128",
+                            env={"VLITE_TEST_PLANT_ZOMBIE": "first-token,admission,refused"})
     yield from running(srv)
 
 
@@ -41,32 +44,55 @@ def clean_server(tiny_model_dir, tmp_path):
     yield from running(srv)
 
 
-def test_planted_zombie_before_the_first_token_is_found_from_outside(zombie_server):
+ALL_KINDS = {"abort-waiting", "abort-prefill", "disconnect-stream", "client-timeout", "refused"}
+
+
+def test_planted_zombies_in_every_window_are_found_from_outside(zombie_server):
     conn = connect(zombie_server.base_url)
     z = zombie_check_blackbox(conn, max_tokens=400, drain_timeout_s=60)
     by_kind = {a["kind"]: a for a in z["actions"]}
-    assert set(by_kind) == {"abort-prefill", "disconnect-stream", "client-timeout"}, z["requests"]
-    before = by_kind["abort-prefill"]
-    # the zombie decoded on to max_tokens after its client left, and the server never counted the abort
-    assert before["zombies"] == 1 and before["tokens_after_leaving"] > 200, z["requests"]
-    assert before["aborts_counted"] == 0
-    # the other client actions are aborted as usual: only the planted path is a zombie
+    assert set(by_kind) == ALL_KINDS, z["requests"]
+    # each planted window: the request decoded on to max_tokens after its client left (or after
+    # its client was refused), and the server never counted an abort
+    for kind in ("abort-waiting", "abort-prefill", "refused"):
+        a = by_kind[kind]
+        assert a["zombies"] == 1 and a["tokens_after_leaving"] > 200, (kind, z["requests"])
+        assert a["steps_after_leaving"] == a["tokens_after_leaving"] and not a["steps_estimated"]
+        assert a["request_id"].startswith(f"vlite-zombie-{kind}-")
+    assert by_kind["abort-prefill"]["aborts_counted"] == 0 and by_kind["abort-waiting"]["aborts_counted"] == 0
+    assert by_kind["refused"]["aborts_counted"] is None  # a refusal is not the client's abort
+    # the other client actions are aborted as usual: only the planted paths are zombies
     assert by_kind["disconnect-stream"]["zombies"] == 0 and by_kind["client-timeout"]["zombies"] == 0, (z["actions"], z["reference"])
     assert by_kind["disconnect-stream"]["aborts_counted"] == 1
-    assert [a["kind"] for a in z["zombies"]] == ["abort-prefill"]
-    assert z["client_aborts"] == 3 and z["server_aborts"] == 2
+    assert sorted(a["kind"] for a in z["zombies"]) == ["abort-prefill", "abort-waiting", "refused"]
+    assert z["client_aborts"] == 4 and z["server_aborts"] == 2
+    refused = next(r for r in z["requests"] if r["kind"] == "refused")
+    assert refused["answer"].startswith("HTTP 400"), refused
     summary = zombie_summary(z)
-    assert summary.startswith("ZOMBIE: disconnect before the first token"), summary
-    assert "httpx.stream('POST'" in z["zombies"][0]["reproducer"] and zombie_server.base_url in z["zombies"][0][
-        "reproducer"]
+    worst = max(z["zombies"], key=lambda a: a["tokens_after_leaving"])
+    assert summary.startswith(f"ZOMBIE: {worst['client_action']}: request {worst['request_id']}: after the client "
+                              f"left the server generated {worst['tokens_after_leaving']} tokens"), summary
+    assert f", {worst['steps_after_leaving']} steps (max_tokens 400)" in summary
+    assert "also: " in summary
+    reproducers = {a["kind"]: a["reproducer"] for a in z["zombies"]}
+    assert "httpx.stream('POST'" in reproducers["abort-prefill"]
+    assert "read=0.01" in reproducers["abort-waiting"] and '"prompt": ["' in reproducers["refused"]
+    assert all(zombie_server.base_url in r for r in reproducers.values())
     assert "planted zombie" in zombie_server.log()
+    text = "\n".join(lines(z))
+    assert f"ZOMBIE: refused (HTTP 400) for one prompt of two: 1 request(s) of max_tokens 400 ({refused['request_id']})" in text
 
 
 def test_unpatched_server_is_clean(clean_server):
     z = zombie_check_blackbox(connect(clean_server.base_url), max_tokens=400, drain_timeout_s=60)
-    assert len(z["actions"]) == 3 and z["zombies"] == [], z["requests"]
+    assert {a["kind"] for a in z["actions"]} == ALL_KINDS and z["zombies"] == [], z["requests"]
     assert z["threshold_tokens"] == 100 and all(a["tokens_after_leaving"] <= 100 for a in z["actions"]), z["actions"]
-    assert z["client_aborts"] == 3 and z["server_aborts"] == 3  # every abort counted
+    by_kind = {a["kind"]: a for a in z["actions"]}
+    # every abort of an admitted request counted; a client that left during admission may have
+    # been cancelled before the engine saw its request: nothing to abort, nothing counted
+    assert [by_kind[k]["aborts_counted"] for k in ("abort-prefill", "disconnect-stream", "client-timeout")] == [1, 1, 1]
+    assert by_kind["abort-waiting"]["aborts_counted"] in (0, 1) and by_kind["refused"]["aborts_counted"] is None
+    assert z["client_aborts"] == 4 and z["server_aborts"] in (3, 4)
     assert zombie_summary(z) is None
     # the server's pace, from the reference request's chunks, scales the running bound
     assert z["itl_p99_s"] > 0 and z["running_bound_s"] >= max(1.0, 3 * z["itl_p99_s"])
@@ -105,11 +131,13 @@ def test_cli_blackbox_says_zombie_with_the_reproducer_in_the_report(zombie_serve
                         "--zombie-max-tokens", "400", "--report", str(tmp_path / "r")],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "verdict: ZOMBIE: disconnect before the first token" in p.stdout, p.stdout
+    assert "verdict: ZOMBIE: " in p.stdout, p.stdout
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert rep["verdict"] == "ZOMBIE" and rep["zombies"]["zombies"][0]["kind"] == "abort-prefill"
+    assert rep["verdict"] == "ZOMBIE"
+    assert sorted(a["kind"] for a in rep["zombies"]["zombies"]) == ["abort-prefill", "abort-waiting", "refused"]
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Zombie requests" in md and "Reproducer (disconnect before the first token)" in md
+    assert "Reproducer (refused (HTTP 400) for one prompt of two)" in md
     print(p.stdout)
 
 
@@ -138,3 +166,18 @@ def test_the_running_bound_is_named_with_the_measured_pace_and_no_none():
     text = "\n".join(lines(z))
     assert "tokens generated: not counted by this server" in text
     assert_no_none(text)
+
+
+def test_steps_after_leaving_are_the_tokens_counted_else_estimated_from_the_pace():
+    from vlite.diagnostics.targets.zombie_blackbox import steps_after_leaving
+
+    # one request alone on the server: one token per decode step
+    assert steps_after_leaving({"tokens_after_leaving": 359, "running_s": 0.6}, 0.002, 60) == {
+        "steps_after_leaving": 359, "steps_estimated": False}
+    # vLLM does not count the tokens of a request its API server dropped: running time over the pace
+    assert steps_after_leaving({"tokens_after_leaving": 1, "running_s": 9.0}, 0.03, 60) == {
+        "steps_after_leaving": 300, "steps_estimated": True}
+    # still running when the check gave up: at least the drain timeout's worth
+    assert steps_after_leaving({"tokens_after_leaving": None, "running_s": None}, 0.5, 60)["steps_after_leaving"] == 120
+    assert steps_after_leaving({"tokens_after_leaving": 0, "running_s": 2.0}, None, 60) == {
+        "steps_after_leaving": None, "steps_estimated": None}

@@ -1,5 +1,15 @@
-"""``vlite serve`` with a planted zombie (test only): a streaming client that disconnects before
-the first token never triggers the abort, so its request decodes on to ``max_tokens``.
+"""``vlite serve`` with planted zombies (test only). ``VLITE_TEST_PLANT_ZOMBIE`` lists them, comma
+separated (default ``first-token``; ``0`` plants none):
+
+- ``first-token``: a streaming client that disconnects before the first token never triggers the
+  abort, so its request decodes on to ``max_tokens``;
+- ``admission``: a streaming request's admission takes ``ADMISSION_DELAY_S`` (a slow tokenizer
+  or a busy queue) and a client that leaves meanwhile cancels nothing: the requests are still
+  added, and the response that would abort them on close is never sent;
+- ``refused``: a multi-prompt request refused for one prompt keeps the prompts admitted before it
+  (the rollback of ``LLMEngine.add_requests`` skipped): they run on after the client got its 400.
+
+For ``first-token``:
 
 Run as ``python zombie_serve.py serve --model ...`` (the arguments of ``vlite serve``). The
 patch wraps ``AbortOnCloseStreamingResponse``: it counts the chunks the stream produced and, when
@@ -34,7 +44,9 @@ logger = logging.getLogger("vlite.server")
 _init = serving.AbortOnCloseStreamingResponse.__init__
 FIRST_CHUNK_DELAY_S = 0.3
 STEP_DELAY_S = float(os.environ.get("VLITE_TEST_STEP_DELAY_S", "0.004"))  # 400 steps: >= 1.6 s, past the hold
-PLANT = os.environ.get("VLITE_TEST_PLANT_ZOMBIE", "1") != "0"
+PLANTS = {p for p in os.environ.get("VLITE_TEST_PLANT_ZOMBIE", "first-token").split(",") if p not in ("", "0")}
+PLANT = "first-token" in PLANTS
+ADMISSION_DELAY_S = 0.3
 
 
 def _patched_init(self, content, group, on_client_left=None):
@@ -72,7 +84,33 @@ def _slow_step(self):
     return _step(self)
 
 
+_serve = serving.OpenAIServing.serve
+
+
+async def _admission_that_ignores_a_cancel(self):
+    if not self.req.stream:
+        return await _serve(self)
+
+    async def admit():
+        await asyncio.sleep(ADMISSION_DELAY_S)
+        return await _serve(self)
+
+    # the handler's cancellation (its client left) stops the wait, not the admission; the
+    # streaming response it builds, which aborts its requests when it closes, is never sent
+    return await asyncio.shield(asyncio.ensure_future(admit()))
+
+
+def _add_requests_keeping_siblings(self, requests):
+    # the first refusal raises; the prompts admitted before it stay queued
+    return [self.add_request(r.prompt, r.sampling_params, prompt_token_ids=r.prompt_token_ids,
+                             request_id=r.origin.request_id, origin=r.origin) for r in requests]
+
+
 LLMEngine.step = _slow_step
+if "admission" in PLANTS:
+    serving.OpenAIServing.serve = _admission_that_ignores_a_cancel
+if "refused" in PLANTS:
+    LLMEngine.add_requests = _add_requests_keeping_siblings
 serving.AbortOnCloseStreamingResponse.__init__ = _patched_init
 serving.AbortOnCloseStreamingResponse.__call__ = _patched_call
 

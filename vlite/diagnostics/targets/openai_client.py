@@ -125,6 +125,34 @@ async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_h
                 res.abort_time = res.end_time
 
 
+async def send_then_close(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
+                          extra_body: dict | None = None) -> None:
+    """Write one streaming request whole on a fresh connection and close it at once, before any
+    byte of the response: the client leaves while the server is still admitting the request.
+    (httpx cannot say when its body is written; a 10 ms give-up may leave before it is sent.)
+
+    Raises:
+        OSError: the connection could not be made.
+    """
+    url = httpx.URL(base)
+    route, body = request_body(spec, True)
+    body.update(extra_body or {})
+    data = json.dumps(body).encode()
+    headers = {"Host": url.netloc.decode(), "Content-Type": "application/json", "Content-Length": str(len(data)),
+               "X-Request-Id": spec.request_id, "X-Vlite-Client-Action": "disconnect right after sending",
+               "Connection": "close", **(extra_headers or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    port = url.port or (443 if url.scheme == "https" else 80)
+    res.arrival_time = time.time()
+    _, writer = await asyncio.open_connection(url.host, port, ssl=url.scheme == "https")
+    try:
+        writer.write(f"POST {url.raw_path.decode().rstrip('/')}{route} HTTP/1.1\r\n{head}\r\n".encode() + data)
+        await writer.drain()
+    finally:
+        writer.close()
+    _aborted(res, "closed the connection once the request was written, before any byte of the response")
+
+
 def _aborted(res: RequestResult, detail: str) -> None:
     res.outcome, res.finish_reason, res.detail = "aborted", "abort", detail
     res.abort_time = res.end_time = time.time()

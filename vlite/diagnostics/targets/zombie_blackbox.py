@@ -5,16 +5,23 @@ them on one pod; a vLLM whose engine core drops aborts). Its blocks come back on
 ``max_tokens``, so the KV drain of the leak check cannot see it. This check can, with only
 ``/metrics``:
 
-1. For each client action that leaves early (``ZOMBIE_ACTIONS``: disconnect before the first
-   token, disconnect mid-stream, non-streaming client timeout) it sends ``repeats`` requests,
+1. For each client action that leaves early (``ZOMBIE_ACTIONS``: disconnect right after sending,
+   while the server is still admitting the request; disconnect after the headers, before the first
+   token; disconnect mid-stream; non-streaming client timeout) and for a request the server answers
+   with a refusal (a multi-prompt completion whose second prompt is over ``max_model_len``: HTTP
+   400, so nothing may run on) it sends ``repeats`` requests,
    ONE AT A TIME on an idle server, each with a LONG ``max_tokens`` (``ignore_eos``), so that a
    zombie outlives its client by many steps and nothing else runs to blur the numbers.
 2. While the request runs and until the server is idle again it scrapes ``/metrics`` every
    ``scrape_s``: the running gauge, the generation-token counter and the abort counter.
 3. Per request: ``tokens_after_leaving`` (generation-token counter at idle minus its value at
    the first scrape after the client left), ``generating_s`` (client left -> last increase of that
-   counter), ``running_s`` (client left -> the running gauge reads 0), and ``abort_counted``
-   (abort counter delta: 1 when the server noticed).
+   counter), ``running_s`` (client left -> the running gauge reads 0), ``abort_counted``
+   (abort counter delta: 1 when the server noticed) and ``steps_after_leaving`` (the tokens
+   generated after the client left where the server counts them: a request alone on the server
+   gets one token per decode step; else ``running_s`` over the reference request's median
+   inter-token latency, ``steps_estimated``). The refused request's client "left" when its answer
+   came.
 4. A request is a ZOMBIE when the server generated more than ``threshold_tokens`` tokens and a
    quarter of ``max_tokens`` after its client left (a zombie decodes on to ``max_tokens``; a fast
    server makes a few dozen tokens before it notices a cut), or kept it running longer than the
@@ -31,8 +38,9 @@ them on one pod; a vLLM whose engine core drops aborts). Its blocks come back on
    (``vllm:request_success_total{finished_reason="abort"}``, ``sglang:num_aborted_requests_total``,
    vlite's own; llama.cpp, TGI and trtllm-serve have none: said in the result).
 
-Each zombie action gets a one-request reproducer (python for the disconnect before the first
-token, which curl cannot time; curl for the others).
+Each zombie action gets a one-request reproducer (python for the disconnects before the
+response's first token, which curl cannot time; curl for the others), and the verdict line names
+the request id, how long and about how many steps it ran after its client left.
 """
 
 from __future__ import annotations
@@ -50,16 +58,21 @@ from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_STEPS, wall_clock_bound
 from vlite.diagnostics.readers.adapters import NO_ABORT_COUNTER, MetricsReading
 from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
-from vlite.diagnostics.targets.openai_client import send_request
+from vlite.diagnostics.targets.openai_client import send_request, send_then_close
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.replay import RequestResult
-from vlite.diagnostics.workload.sources import RequestSpec
+from vlite.diagnostics.workload.sources import OVER_MAX_MODEL_LEN, RequestSpec
 
 # client action kind -> (the words of the report, the action as sent)
 ZOMBIE_ACTIONS: dict[str, tuple[str, ClientAction]] = {
+    # the whole request written, the connection closed before any byte of the response
+    "abort-waiting": ("disconnect while the server admits it", ClientAction("abort-waiting")),
     "abort-prefill": ("disconnect before the first token", ClientAction("abort-prefill")),
     "disconnect-stream": ("disconnect mid-stream", ClientAction("disconnect-stream", after_tokens=2)),
     "client-timeout": ("non-streaming client timeout", ClientAction("client-timeout", timeout_s=1.0)),
+    # the client's answer is a refusal (HTTP 400 for its over-long second prompt): the first
+    # prompt, valid, may have been queued already and must not run on
+    "refused": ("refused (HTTP 400) for one prompt of two", ClientAction("complete")),
 }
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_THRESHOLD_TOKENS = 16
@@ -98,6 +111,7 @@ class _Scraper:
 
 
 STALE_S = 3.0  # a running gauge above 0 with no token generated for this long is poked once
+MIN_SETTLE_S = 0.5  # after a client left, the server is idle only if idle this long (or twice the reference TTFT)
 COUNTER_GRACE_S = 0.5  # scrapes go on this long after idle, for counters the API server updates late
 
 
@@ -130,6 +144,22 @@ def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
     if before.aborted is not None and last.aborted is not None:
         out["abort_counted"] = int(last.aborted - before.aborted)
     return out
+
+
+def steps_after_leaving(m: dict, itl_median_s: float | None, drain_timeout_s: float) -> dict:
+    """``steps_after_leaving`` and ``steps_estimated`` of one early leaver's measures ``m``: the
+    tokens generated after the client left where the server counted more than one (one request
+    alone on the server gets one token per decode step), else the time it ran on (``running_s``,
+    or ``drain_timeout_s`` for one still running) over the server's median inter-token latency
+    (None where neither is known)."""
+    tokens = m.get("tokens_after_leaving")
+    if tokens is not None and tokens > 1:
+        return {"steps_after_leaving": int(tokens), "steps_estimated": False}
+    running = m.get("running_s")
+    running = drain_timeout_s if running is None else running
+    if not itl_median_s:
+        return {"steps_after_leaving": None, "steps_estimated": None}
+    return {"steps_after_leaving": int(round(running / itl_median_s)), "steps_estimated": True}
 
 
 def judge(m: dict, left: float, poked: float | None, threshold_tokens: int, threshold_s: float) -> tuple[bool, bool]:
@@ -173,6 +203,16 @@ def reproducer(kind: str, base_url: str, max_tokens: int, headers: dict | None =
     auth = "".join(f" -H {shlex.quote(f'{k}: {v}')}" for k, v in (headers or {}).items())
     watch = (f"for i in 1 2 3 4 5; do sleep 1; curl -s{auth} {base_url}/metrics | grep -E "
              "'num_requests_running|num_running_reqs|generation_tokens_total|requests_processing' | grep -v '^#'; done")
+    if kind == "refused":
+        req["prompt"] = [req["prompt"], "hi " * 40000]  # over any max_model_len up to 40k tokens
+        return (f"curl -s {base_url}/v1/completions -H 'Content-Type: application/json'{auth} "
+                f"-d {shlex.quote(json.dumps(req))}  # HTTP 400: the second prompt is too long\n{watch}")
+    if kind == "abort-waiting":
+        return ("python - <<'EOF'\nimport httpx\n"
+                f"try:\n    httpx.post('{base_url}/v1/completions', json={json.dumps(req)}, "
+                f"headers={json.dumps(headers or {})}, timeout=httpx.Timeout(10, read=0.01))"
+                "  # gives up 10 ms after sending\n"
+                "except httpx.TimeoutException:\n    pass\nEOF\n" + watch)
     if kind == "abort-prefill":
         return ("python - <<'EOF'\nimport httpx\n"
                 f"with httpx.stream('POST', '{base_url}/v1/completions', json={json.dumps(req)}, "
@@ -248,9 +288,11 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
             notes.append(f"the reference request failed ({type(exc).__name__}); the client timeout stays at 1 s")
             return
         timing.update(ttft_s=round(first or 0.0, 4), full_s=round(time.monotonic() - t0, 4))
-        itl = quantile([b - a for a, b in zip(chunks, chunks[1:])], 0.99)
+        gaps = [b - a for a, b in zip(chunks, chunks[1:])]
+        itl = quantile(gaps, 0.99)
         if itl is not None:
             timing["itl_p99_s"] = round(itl, 4)
+            timing["itl_median_s"] = round(quantile(gaps, 0.5), 5)
 
     async def _poke(client: httpx.AsyncClient) -> str | None:
         body = {"prompt": "probe", "max_tokens": 1, "temperature": 0.0, **conn.body}
@@ -272,20 +314,28 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         before = _Scrape(time.time(), idle.num_running, idle.num_waiting, idle.generation_tokens, idle.aborted)
         rid = f"vlite-zombie-{kind}-{i}-{int(time.time() * 1000) % 10**8}"
         spec = RequestSpec(rid, 0.0, f"{rid} {_PROMPT}", len(_PROMPT.split()) + 1, max_tokens, action=action,
-                           temperature=0.0, ignore_eos=True)
+                           temperature=0.0, ignore_eos=True,
+                           extra_prompts=(OVER_MAX_MODEL_LEN,) if kind == "refused" else ())
         res = RequestResult(rid, action.kind, action.label, time.time())
         scraper = _Scraper(lambda: driver.read(client), scrape_s)
         task = asyncio.ensure_future(scraper.run())
         try:
-            await send_request(conn.base, spec, res, conn.headers, conn.body)
+            if kind == "abort-waiting":
+                await send_then_close(conn.base, spec, res, conn.headers, conn.body)
+            else:
+                await send_request(conn.base, spec, res, conn.headers, conn.body, max_model_len=limit)
             left = res.abort_time
+            settle_s = max(MIN_SETTLE_S, 2 * timing.get("ttft_s", 0.0))
             if left is not None:  # follow the server until it is idle again
                 deadline = time.monotonic() + drain_timeout_s
                 poked = None  # when the 1-token probe ended
                 while time.monotonic() < deadline:
                     await asyncio.sleep(scrape_s)
                     tail = scraper.rows[-3:]
-                    if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail):
+                    # idle only once the server had time to admit it: a request it is still
+                    # admitting is in no gauge yet
+                    if len(tail) == 3 and all(r.t > left and r.running == 0 and r.waiting == 0 for r in tail) \
+                            and tail[-1].t - left >= settle_s:
                         # the API server counts a finish after the engine is idle: let the counters catch up
                         await asyncio.sleep(COUNTER_GRACE_S)
                         break
@@ -303,10 +353,13 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
                "kind": kind, "outcome": res.outcome,
                "left_at": left, "max_tokens": max_tokens, "client_tokens": res.num_output_tokens}
         if left is None:
-            row.update(zombie=False, note=f"the client did not leave early ({res.outcome}: {res.detail or ''}); "
-                                          "raise --zombie-max-tokens")
+            why = ("the server did not refuse a prompt over its max_model_len" if kind == "refused" else
+                   "raise --zombie-max-tokens")
+            row.update(zombie=False, note=f"the client did not leave early ({res.outcome}: {res.detail or ''}); {why}")
             rows.append(row)
             return False
+        if kind == "refused":
+            row["answer"] = res.detail
         row.update(_measure(scraper.rows, before, left))
         # a zombie runs on to max_tokens: most of a complete request's time, and longer than the
         # server's pace allows an abort to take (threshold_s, or a few of its slowest steps)
@@ -315,6 +368,7 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         min_tokens = max(threshold_tokens, max_tokens // 4)
         row["stale_gauge"], row["zombie"] = judge(row, left, poked, min_tokens, min_running_s)
         row["still_running"] = row["running_s"] is None
+        row.update(steps_after_leaving(row, timing.get("itl_median_s"), drain_timeout_s))
         rows.append(row)
         return True
 
@@ -341,7 +395,9 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
 
     asyncio.run(main())
     left = [r for r in rows if r.get("left_at") is not None]
-    counted = [r["abort_counted"] for r in left if r.get("abort_counted") is not None]
+    # a refused request was never the client's abort: it is not in the abort accounting
+    aborted = [r for r in left if r["kind"] != "refused"]
+    counted = [r["abort_counted"] for r in aborted if r.get("abort_counted") is not None]
     has_counter = conn.adapter.kind not in NO_ABORT_COUNTER
     if not has_counter:
         notes.append(NO_ABORT_COUNTER[conn.adapter.kind])
@@ -354,18 +410,21 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         act = {"client_action": ZOMBIE_ACTIONS[kind][0], "kind": kind, "requests": len(mine),
                "zombies": sum(r["zombie"] for r in mine), "tokens_after_leaving": worst.get("tokens_after_leaving"),
                "generating_s": worst.get("generating_s"), "running_s": worst.get("running_s"),
-               "still_running": worst.get("still_running"),
-               "aborts_counted": sum(r["abort_counted"] or 0 for r in mine) if has_counter and counted else None,
+               "still_running": worst.get("still_running"), "steps_after_leaving": worst.get("steps_after_leaving"),
+               "steps_estimated": worst.get("steps_estimated"),
+               "aborts_counted": (sum(r["abort_counted"] or 0 for r in mine)
+                                  if has_counter and counted and kind != "refused" else None),
                "request_id": worst["request_id"]}
         if act["zombies"]:
             act["reproducer"] = reproducer(kind, conn.base, max_tokens, conn.headers, conn.body,
                                            timeout_s=_timeout_of(worst))
         actions.append(act)
     return {"requests": rows, "actions": actions, "zombies": [a for a in actions if a["zombies"]],
-            "client_aborts": len(left), "server_aborts": sum(counted) if has_counter and counted else None,
+            "client_aborts": len(aborted), "server_aborts": sum(counted) if has_counter and counted else None,
             "abort_counter": has_counter, "max_tokens": max_tokens,
             "threshold_tokens": max(threshold_tokens, max_tokens // 4),
             "threshold_s": threshold_s, "threshold_steps": threshold_steps, "itl_p99_s": timing.get("itl_p99_s"),
+            "itl_median_s": timing.get("itl_median_s"),
             "running_bound_s": round(running_bound(), 3), "reference": timing, "notes": notes}
 
 
@@ -381,13 +440,17 @@ def zombie_summary(z: dict) -> str | None:
              "--zombie-threshold-s)")
     running = ("the request is still running" if a["still_running"] else
                f"kept it running {a['running_s']:g} s{bound}")
+    steps = a.get("steps_after_leaving")
+    steps = ("" if steps is None else f", {steps} steps" if not a.get("steps_estimated") else
+             f", about {steps} steps at its {1000 * (z.get('itl_median_s') or 0):.3g} ms median inter-token latency")
     counted = ("" if a["aborts_counted"] is None else
                f"; its abort counter counted {a['aborts_counted']} of {a['requests']}")
     others = [b["client_action"] for b in z["zombies"] if b is not a]
     also = f" (also: {', '.join(others)})" if others else ""
     subject = "the server " if tokens or not a["still_running"] else ""
-    return (f"ZOMBIE: {a['client_action']}: after the client left {subject}{tokens}{running} "
-            f"(max_tokens {z['max_tokens']}){counted}{also}")
+    after = "after the client got its answer" if a.get("kind") == "refused" else "after the client left"
+    return (f"ZOMBIE: {a['client_action']}: request {a['request_id']}: {after} {subject}{tokens}"
+            f"{running}{steps} (max_tokens {z['max_tokens']}){counted}{also}")
 
 
 def rule(z: dict) -> str:
@@ -415,14 +478,17 @@ def lines(z: dict | None) -> list[str]:
                "running gauge not read" if a["running_s"] is None else f"running {a['running_s']} s")
         tokens = ("tokens generated: not counted by this server" if a["tokens_after_leaving"] is None else
                   f"{a['tokens_after_leaving']} tokens generated over {a['generating_s']} s")
-        out.append(f"{state}: {a['client_action']}: {a['requests']} request(s) of max_tokens {z['max_tokens']}; after "
-                   f"the client left: {tokens}, {run}; "
+        named = f" ({a['request_id']})" if a["zombies"] else ""
+        out.append(f"{state}: {a['client_action']}: {a['requests']} request(s) of max_tokens {z['max_tokens']}{named}; "
+                   f"{'after the answer' if a.get('kind') == 'refused' else 'after the client left'}: {tokens}, {run}; "
                    f"aborts counted by the server: {a['aborts_counted'] if a['aborts_counted'] is not None else 'n/a'}")
     if z["actions"]:
         out.append(rule(z))
     if z["server_aborts"] is not None:
+        before = ("; a request whose client left while it was admitted may be cancelled before the engine sees it, "
+                  "with no abort to count" if any(a.get("kind") == "abort-waiting" for a in z["actions"]) else "")
         out.append(f"aborts: the client left {z['client_aborts']} requests early, the server's abort counter rose by "
-                   f"{z['server_aborts']}")
+                   f"{z['server_aborts']}{before}")
     out += [f"note: {n}" for n in z["notes"]]
     return out
 
