@@ -271,6 +271,14 @@ MUTANTS = [
            "        self.response_id = f\"{self.response_id_prefix}-{info.request_id}\"\n"
            "        self.state.__dict__.setdefault(\"prompts_by_response_id\", {})[self.response_id] = len(prompts)\n",
            mode="serve"),
+    # A client that leaves while its request is admitted (a slow tokenizer, a busy queue): the
+    # handler's cancellation stops the wait, not the admission, and nothing aborts the requests
+    Mutant("admission-ignores-client-cancel", "serving (admission)",
+           "admission (render, then queue) takes 0.3 s and is shielded from the handler's cancellation: a client "
+           "that leaves meanwhile leaves its requests queued, and the response that would abort them is never sent",
+           "entrypoints/serving.py", '        prompts = await off_loop(self.state, self.render)\n        params = self.params(prompts)\n        if params.structured_outputs is not None:  # a bad schema / regex / grammar is a 400 now\n            await compile_constraint(self.state, self.req, params.structured_outputs)\n        info = RequestInfo.from_request(self.request)\n        group = await add_to_engine(self.state, [\n            EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)\n            for p, (text, ids) in enumerate(prompts)])\n',
+           '        async def admit():\n            await asyncio.sleep(0.3)\n            prompts = await off_loop(self.state, self.render)\n            params = self.params(prompts)\n            if params.structured_outputs is not None:\n                await compile_constraint(self.state, self.req, params.structured_outputs)\n            info = RequestInfo.from_request(self.request)\n            group = await add_to_engine(self.state, [\n                EngineRequest(text, params, info.origin(info.engine_request_id(p, len(prompts))), ids)\n                for p, (text, ids) in enumerate(prompts)])\n            return prompts, info, group\n\n        prompts, info, group = await asyncio.shield(asyncio.ensure_future(admit()))\n',
+           mode="serve", args=("--blackbox",)),
 ]
 
 
@@ -337,14 +345,14 @@ def blame(report: Path) -> str:
         parts.append(f"path: {r['by_request'][0].get('suspected_path')}")
     if r.get("anomalies"):
         parts.append(f"{len(r['anomalies'])} anomalies ({r['anomalies'][0]['kind']})")
-    if r["drain"]["sign"] != "balanced":
+    if r["drain"].get("sign", "balanced") != "balanced":  # a black-box report has no ledger drain
         parts.append(f"drain {r['drain']['sign']} {r['drain']['mismatch_blocks']:+d}")
     regs = r.get("registries") or {}
     if regs.get("leftover"):
         parts.append("registries " + ",".join(x["registry"] for x in regs["leftover"]))
     if regs.get("over_bound"):
         parts.append("history " + ",".join(x["history"] for x in regs["over_bound"]))
-    if r["cpu_state"]["leftover_requests"]:
+    if (r.get("cpu_state") or {}).get("leftover_requests"):
         parts.append(f"{len(r['cpu_state']['leftover_requests'])} request entries")
     if r.get("unattributed"):
         parts.append(f"{len(r['unattributed'])} unattributed")
@@ -367,9 +375,10 @@ def blame(report: Path) -> str:
     return "; ".join(parts) or r.get("summary", "")
 
 
-def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
+def serve_and_check(tree: Path, model: Path, out: Path, args: tuple[str, ...] = ()) -> dict:
     """`vlite serve` from ``tree`` (engine core in its own process, the default), then the default
-    command's workload through `leak-check --url`; the server is stopped after."""
+    command's workload through `leak-check --url` (``args`` added: ``--blackbox`` checks it as any
+    other server's, with the zombie check's early leavers); the server is stopped after."""
     import socket
     import urllib.request
 
@@ -392,7 +401,7 @@ def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
                 except OSError:
                     time.sleep(0.5)
             rep = out / "report"
-            code, text, secs = run_leak_check(tree, ["--url", f"http://127.0.0.1:{port}", *DEFAULT_ARGS,
+            code, text, secs = run_leak_check(tree, ["--url", f"http://127.0.0.1:{port}", *DEFAULT_ARGS, *args,
                                                      "--report", str(rep)])
         finally:
             srv.terminate()
@@ -409,7 +418,7 @@ def serve_and_check(tree: Path, model: Path, out: Path) -> dict:
 def check(tree: Path, model: Path, out: Path, mode: str = "in-process", scenarios: bool = True,
           args: tuple[str, ...] = ()) -> dict:
     if mode == "serve":
-        return serve_and_check(tree, model, out)
+        return serve_and_check(tree, model, out, args)
     rep = out / "report"
     code_d, text_d, t_d = run_leak_check(tree, ["--model", str(model), *DEFAULT_ARGS, *args, "--report", str(rep)])
     code_s, text_s, t_s = (run_leak_check(tree, ["--model", str(model), "--scenario", "all"], timeout=900)

@@ -89,13 +89,13 @@ async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_h
         req = client.build_request("POST", f"{base}{route}", json=body, headers=headers)
         try:
             if a.kind == "abort-waiting":
-                # Give up right after sending: usually before the engine schedules it.
+                # Leave once the request is written: usually before the engine schedules it.
                 try:
-                    resp = await asyncio.wait_for(client.send(req, stream=True), timeout=0.01)
-                    await resp.aclose()
-                except TimeoutError:
-                    pass
-                _aborted(res, "closed the connection right after sending")
+                    await write_then_close(base, route, body, headers)
+                except OSError as exc:
+                    res.outcome, res.detail = "error", f"{type(exc).__name__}: {exc}"
+                    return
+                _aborted(res, "closed the connection once the request was written, before any byte of the response")
                 return
             if not a.streams:
                 resp = await client.send(req)
@@ -125,32 +125,27 @@ async def send_request(base: str, spec: RequestSpec, res: RequestResult, extra_h
                 res.abort_time = res.end_time
 
 
-async def send_then_close(base: str, spec: RequestSpec, res: RequestResult, extra_headers: dict | None = None,
-                          extra_body: dict | None = None) -> None:
-    """Write one streaming request whole on a fresh connection and close it at once, before any
-    byte of the response: the client leaves while the server is still admitting the request.
-    (httpx cannot say when its body is written; a 10 ms give-up may leave before it is sent.)
+async def write_then_close(base: str, route: str, body: dict, headers: dict) -> None:
+    """POST ``body`` to ``base + route`` whole on a fresh connection and close it at once, before
+    any byte of the response: a client that leaves while the server is still admitting the
+    request. (httpx cannot say when its body is written: a 10 ms give-up may leave before the
+    server has the request at all.)
 
     Raises:
-        OSError: the connection could not be made.
+        OSError: the connection could not be made or the write failed.
     """
     url = httpx.URL(base)
-    route, body = request_body(spec, True)
-    body.update(extra_body or {})
     data = json.dumps(body).encode()
-    headers = {"Host": url.netloc.decode(), "Content-Type": "application/json", "Content-Length": str(len(data)),
-               "X-Request-Id": spec.request_id, "X-Vlite-Client-Action": "disconnect right after sending",
-               "Connection": "close", **(extra_headers or {})}
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head = {"Host": url.netloc.decode(), "Content-Type": "application/json", "Content-Length": str(len(data)),
+            "Connection": "close", **headers}
+    lines = "".join(f"{k}: {v}\r\n" for k, v in head.items())
     port = url.port or (443 if url.scheme == "https" else 80)
-    res.arrival_time = time.time()
     _, writer = await asyncio.open_connection(url.host, port, ssl=url.scheme == "https")
     try:
-        writer.write(f"POST {url.raw_path.decode().rstrip('/')}{route} HTTP/1.1\r\n{head}\r\n".encode() + data)
+        writer.write(f"POST {url.raw_path.decode().rstrip('/')}{route} HTTP/1.1\r\n{lines}\r\n".encode() + data)
         await writer.drain()
     finally:
         writer.close()
-    _aborted(res, "closed the connection once the request was written, before any byte of the response")
 
 
 def _aborted(res: RequestResult, detail: str) -> None:

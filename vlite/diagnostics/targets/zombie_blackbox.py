@@ -58,7 +58,7 @@ from vlite.diagnostics.checks.verdict import Verdict
 from vlite.diagnostics.checks.zombie import DEFAULT_THRESHOLD_STEPS, wall_clock_bound
 from vlite.diagnostics.readers.adapters import NO_ABORT_COUNTER, MetricsReading
 from vlite.diagnostics.targets.connection import BlackboxDriver, NullProbe
-from vlite.diagnostics.targets.openai_client import send_request, send_then_close
+from vlite.diagnostics.targets.openai_client import send_request
 from vlite.diagnostics.workload.actions import ClientAction
 from vlite.diagnostics.workload.replay import RequestResult
 from vlite.diagnostics.workload.sources import OVER_MAX_MODEL_LEN, RequestSpec
@@ -320,10 +320,7 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         scraper = _Scraper(lambda: driver.read(client), scrape_s)
         task = asyncio.ensure_future(scraper.run())
         try:
-            if kind == "abort-waiting":
-                await send_then_close(conn.base, spec, res, conn.headers, conn.body)
-            else:
-                await send_request(conn.base, spec, res, conn.headers, conn.body, max_model_len=limit)
+            await send_request(conn.base, spec, res, conn.headers, conn.body, max_model_len=limit)
             left = res.abort_time
             settle_s = max(MIN_SETTLE_S, 2 * timing.get("ttft_s", 0.0))
             if left is not None:  # follow the server until it is idle again
