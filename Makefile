@@ -28,19 +28,19 @@ test: setup
 	$(PY) -m pytest -q tests
 
 # Not in .ci/run (CI time is shared): installs vLLM's CPU build into .venv-vllm (its own venv), serves
-# the default model with it and runs vlite leak-check against it as a black box. See docs/leak-check.md.
+# the default model with it and runs vlite leak-check against it as a black box. See docs/leak-check/blackbox.md.
 interop: setup
 	bash tests/interop/vllm.sh
 
 # Not in .ci/run: the vlite probe (probe/) inside vLLM's CPU build (.venv-vllm): its Responses store named
 # with the store on, CLEAN with it off, and planted per-abort leaks named in the API server and in the
-# engine core, all from vlite leak-check url. See docs/leak-check-probe.md.
+# engine core, all from vlite leak-check url. See docs/leak-check/probe.md.
 interop-probe: setup
 	bash tests/interop/vllm_probe.sh
 
 # Not in .ci/run: two vlite serve replicas behind vllm-router (its own venv, .venv-fleet) and Debian's
 # prometheus, then vlite leak-check --url ROUTER --replica ... (clean, aborts dropped, one leaking replica).
-# See docs/leak-check.md, "A fleet behind a router".
+# See docs/leak-check/fleet.md.
 fleet: setup
 	bash tests/interop/fleet.sh
 
