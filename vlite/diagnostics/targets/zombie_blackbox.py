@@ -146,12 +146,14 @@ def _measure(rows: list[_Scrape], before: _Scrape, left: float) -> dict:
     return out
 
 
-def steps_after_leaving(m: dict, itl_median_s: float | None, drain_timeout_s: float) -> dict:
+def steps_after_leaving(m: dict, itl_median_s: float | None, drain_timeout_s: float,
+                        max_tokens: int | None = None) -> dict:
     """``steps_after_leaving`` and ``steps_estimated`` of one early leaver's measures ``m``: the
     tokens generated after the client left where the server counted more than one (one request
     alone on the server gets one token per decode step), else the time it ran on (``running_s``,
-    or ``drain_timeout_s`` for one still running) over the server's median inter-token latency
-    (None where neither is known)."""
+    or ``drain_timeout_s`` for one still running) over the server's median inter-token latency,
+    at most ``max_tokens`` (a running gauge read late overstates the time; None where neither is
+    known)."""
     tokens = m.get("tokens_after_leaving")
     if tokens is not None and tokens > 1:
         return {"steps_after_leaving": int(tokens), "steps_estimated": False}
@@ -159,7 +161,8 @@ def steps_after_leaving(m: dict, itl_median_s: float | None, drain_timeout_s: fl
     running = drain_timeout_s if running is None else running
     if not itl_median_s:
         return {"steps_after_leaving": None, "steps_estimated": None}
-    return {"steps_after_leaving": int(round(running / itl_median_s)), "steps_estimated": True}
+    steps = int(round(running / itl_median_s))
+    return {"steps_after_leaving": min(steps, max_tokens) if max_tokens else steps, "steps_estimated": True}
 
 
 def judge(m: dict, left: float, poked: float | None, threshold_tokens: int, threshold_s: float) -> tuple[bool, bool]:
@@ -365,7 +368,7 @@ def zombie_check_blackbox(conn, *, kinds: tuple[str, ...] = tuple(ZOMBIE_ACTIONS
         min_tokens = max(threshold_tokens, max_tokens // 4)
         row["stale_gauge"], row["zombie"] = judge(row, left, poked, min_tokens, min_running_s)
         row["still_running"] = row["running_s"] is None
-        row.update(steps_after_leaving(row, timing.get("itl_median_s"), drain_timeout_s))
+        row.update(steps_after_leaving(row, timing.get("itl_median_s"), drain_timeout_s, max_tokens))
         rows.append(row)
         return True
 
