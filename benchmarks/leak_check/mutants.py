@@ -271,6 +271,18 @@ MUTANTS = [
            "        self.response_id = f\"{self.response_id_prefix}-{info.request_id}\"\n"
            "        self.state.__dict__.setdefault(\"prompts_by_response_id\", {})[self.response_id] = len(prompts)\n",
            mode="serve"),
+    # A window of the last 1000 finishes (as vLLM's prefix-cache hit-rate window): it grows one
+    # entry per request through any run shorter than its cap, which its type declares
+    Mutant("window-of-last-finishes", "host memory (bounded window: must stay CLEAN)",
+           "the output processor keeps the sample count of the last 1000 finished requests in a class-level "
+           "deque(maxlen=1000)",
+           "engine/output_processor.py", "        finished = req.is_finished\n",
+           "        finished = req.is_finished\n"
+           "        if finished:\n"
+           "            if \"_finished_window\" not in type(self).__dict__:\n"
+           "                type(self)._finished_window = __import__(\"collections\").deque(maxlen=1000)\n"
+           "            type(self)._finished_window.append(len(seqs))\n",
+           expect_clean=True),
     # A client that leaves while its request is admitted (a slow tokenizer, a busy queue): the
     # handler's cancellation stops the wait, not the admission, and nothing aborts the requests
     Mutant("admission-ignores-client-cancel", "serving (admission)",

@@ -119,6 +119,27 @@ def test_growth_that_levels_off_is_warm_up_and_growth_that_keeps_its_slope_is_a_
     assert host_memory_check(_points(flat_late[:5], [100 * mib] * 5))["verdict"] != "HOST-LEAK"
 
 
+def test_a_container_below_the_cap_its_type_declares_is_bounded_not_a_leak():
+    # vLLM's window of prefix-cache hit rates: a deque(maxlen=1000) that gains one entry per request
+    # grows all through a run shorter than 1000 requests; its cap says where it stops
+    from vlite.diagnostics.checks.host_memory import lines
+
+    steady = [0, 10, 20, 30, 40, 50, 60, 70]
+    pts = _points(steady, [100 * 2**20] * 8)
+    for p in pts:
+        p.host["caps"] = {"engine.cache": 1000}
+    res = host_memory_check(pts)
+    assert res["verdict"] != "HOST-LEAK" and res["growing"] == []
+    assert res["bounded_caches"] == [{"path": "engine.cache", "entries_per_request": pytest.approx(1.0), "first": 0,
+                                      "last": 70, "kind": "bounded-cache", "entries": 70, "declared_cap": 1000}]
+    assert ("bounded container (not a leak): engine.cache grew 0 -> 70 entries (1.0 per request), below the cap its "
+            "type declares, 1000: bounded at 1000") in lines(res)
+    # a cap it has passed (a maxlen changed, a stale reading) bounds nothing: still a leak
+    for p in pts:
+        p.host["caps"] = {"engine.cache": 50}
+    assert host_memory_check(pts)["verdict"] == "HOST-LEAK"
+
+
 def test_plateau_test_fits_the_later_half():
     t = plateau_test([0, 1, 2, 3, 4, 5], [0, 5, 10, 10, 10, 10], 0.1)
     assert t["slope"] > 1 and t["late_slope"] == pytest.approx(0.0) and t["warm_up"] and not t["keeps_growing"]

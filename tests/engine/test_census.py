@@ -350,3 +350,24 @@ def test_an_ended_requests_map_entry_is_one_container_not_one_per_part_of_its_va
     root = _Holder(live={"r-1": _Holder(last=_RequestState("r-1"), n=1), "r-2": _Holder(last=_RequestState("r-2"))})
     result = request_census({"loop": root}, {"r-1", "r-2"})
     assert _paths(result) == {"loop.live": ("key", ("r-1", "r-2"))}
+
+
+def test_the_census_reports_the_cap_a_container_type_declares():
+    import collections
+    import functools
+
+    from vlite.engine.census import request_census
+
+    window = collections.deque(range(7), maxlen=1000)
+    unbounded = collections.deque(range(3))
+
+    @functools.lru_cache(maxsize=64)
+    def square(x):
+        return x * x
+
+    for i in range(5):
+        square(i)
+    res = request_census({"window": window, "plain": unbounded, "square": square}, ())
+    assert res.container_sizes["window"] == 7 and res.container_caps["window"] == 1000
+    assert "plain" not in res.container_caps
+    assert res.container_sizes["square.<lru_cache>"] == 5 and res.container_caps["square.<lru_cache>"] == 64

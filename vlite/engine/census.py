@@ -100,6 +100,8 @@ class CensusResult:
     objects_visited: int
     truncated: bool
     container_sizes: Mapping[str, int] = field(default_factory=dict)  # path -> entries, every non-empty container
+    # path -> the cap its type declares (a deque's maxlen, an lru_cache's maxsize), for those in container_sizes
+    container_caps: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def num_requests_held(self) -> int:
@@ -297,6 +299,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
     visited = 0
     truncated = False
     sizes: dict[str, int] = {}
+    caps: dict[str, int] = {}
     deferred: list[tuple[str, object]] = []  # callables, entered once nothing else is left
     while stack or deferred:
         if not stack:
@@ -309,6 +312,12 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
         if isinstance(obj, (dict, list, set, frozenset, collections.deque, tuple)) and len(obj) and \
                 not isinstance(obj, tuple):
             sizes[path] = len(obj)
+            if isinstance(obj, collections.deque) and obj.maxlen is not None:
+                caps[path] = obj.maxlen
+        elif isinstance(obj, _LRU_CACHE_WRAPPER):
+            maxsize = obj.cache_info().maxsize
+            if maxsize is not None:
+                caps[path + ".<lru_cache>"] = maxsize
         held_key = None  # the suffix of a map entry whose key is an ended request's
         for suffix, kind, child in _children(obj):
             rid = match(child)
@@ -340,7 +349,7 @@ def request_census(roots: Mapping[str, object], ended: Iterable[str], *, skip: I
         uniq = sorted({rid for ids in by_kind.values() for rid in ids})
         held.append(HeldRequestState(where, "+".join(sorted(by_kind)), tname, tuple(uniq[:max_ids_per_container]),
                                      max(len(ids) for ids in by_kind.values())))
-    return CensusResult(tuple(held), visited, truncated, sizes)
+    return CensusResult(tuple(held), visited, truncated, sizes, {p: c for p, c in caps.items() if p in sizes})
 
 
 # Whose module- and class-level containers each census walks (``module_roots``). The engine's

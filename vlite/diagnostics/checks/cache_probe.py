@@ -120,7 +120,7 @@ def apply_probe(host: dict, series: dict[str, tuple[list, list]], *, rounds: int
         else:
             still.append({**g, "probe": k} if k is not None else g)
     host["growing"] = still
-    host["bounded_caches"] = bounded
+    host["bounded_caches"] = [*(host.get("bounded_caches") or []), *bounded]
     host["cache_probe"] = {"rounds": rounds, "round_size": round_size, "budget_requests": budget,
                            "containers": kinds, "anon_swap_bytes": list(anon_bytes) if anon_bytes else None}
     anon = host.get("anon_swap") or {}
@@ -150,6 +150,8 @@ def lines(host: dict | None) -> list[str]:
     out = []
     anon = probe.get("anon_swap_bytes")
     for b in host.get("bounded_caches", []):
+        if b.get("declared_cap") is not None:  # said by host_memory.lines
+            continue
         size = (f"; host memory (RssAnon + VmSwap) {(anon[1] - anon[0]) / 2**20:+.1f} MiB over the probe"
                 if anon else "")
         out.append(f"bounded cache (not a leak): {b['path']} levelled off at {b['entries']} entries after "

@@ -250,13 +250,16 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
     the sum or in one process: no verdict either way), ``"one step"`` (a step, then no growth),
     ``"below threshold"`` or ``"too few idle points"``;
     ``growing``: the containers that keep growing (path, entries per request, first -> last);
+    ``bounded_caches``: those that grow but whose type declares a cap (``host["caps"]``: a deque's
+    ``maxlen``, an ``lru_cache``'s ``maxsize``) they have not passed: not a leak, whatever the
+    run's length, reported with their cap (``declared_cap``) and entries;
     ``anon_swap``: the ``step_test`` of anonymous RSS + swap (bytes); ``n``: idle points used;
     ``processes``: {name: plateau test} (with more than one process); ``kind_growth``: the fit
     per request kind (with ``served``).
     """
     keep = [i for i, p in enumerate(points) if getattr(p, "host", None)]
     pts = [points[i] for i in keep]
-    result = {"verdict": "too few idle points", "n": len(pts), "growing": [], "anon_swap": None,
+    result = {"verdict": "too few idle points", "n": len(pts), "growing": [], "bounded_caches": [], "anon_swap": None,
               "min_points": MIN_POINTS, "processes": {}, "kind_growth": None}
     names = [n for n in (pts[0].host.get("processes") or {})] if pts else []
     if served is not None and pts and names:
@@ -284,8 +287,14 @@ def host_memory_check(points: list, served: list[dict] | None = None) -> dict:
             continue
         test = plateau_test(xs, sizes, CONTAINER_SLOPE)
         if test["keeps_growing"] or keeps_growing_steadily(xs, sizes, CONTAINER_SLOPE):
-            result["growing"].append({"path": path, "entries_per_request": round(test["late_slope"], 3),
-                                      "first": int(sizes[0]), "last": int(sizes[-1])})
+            row = {"path": path, "entries_per_request": round(test["late_slope"], 3),
+                   "first": int(sizes[0]), "last": int(sizes[-1])}
+            cap = (pts[-1].host.get("caps") or {}).get(path)
+            if cap is not None and sizes[-1] <= cap:  # it cannot grow past what its type allows
+                result["bounded_caches"].append({**row, "kind": "bounded-cache", "entries": int(sizes[-1]),
+                                                 "declared_cap": int(cap)})
+            else:
+                result["growing"].append(row)
     kinds = result["kind_growth"] or {}
     if result["growing"] or kinds.get("growing") or any(t["keeps_growing"] for t in result["processes"].values()):
         result["verdict"] = Verdict.HOST_LEAK
@@ -338,6 +347,12 @@ def lines(result: dict | None) -> list[str]:
     for g in result["growing"]:
         out.append(f"HOST-LEAK: {g['path']} keeps growing: {g['first']} -> {g['last']} entries, "
                    f"{g['entries_per_request']} per request after warm-up")
+    for b in result.get("bounded_caches") or []:
+        if b.get("declared_cap") is not None:
+            full = "at" if b["entries"] >= b["declared_cap"] else "below"
+            out.append(f"bounded container (not a leak): {b['path']} grew {b['first']} -> {b['entries']} entries "
+                       f"({b['entries_per_request']} per request), {full} the cap its type declares, "
+                       f"{b['declared_cap']}: bounded at {b['declared_cap']}")
     limit = f"{ANON_SLOPE_BYTES // 1024} KiB/request"
     anon_words = ("anonymous memory's late-half slope below its threshold" if a and a.get("late_slope") is not None
                   else "anonymous memory (RssAnon + VmSwap) not read")

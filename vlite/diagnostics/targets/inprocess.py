@@ -436,8 +436,9 @@ def run_in_process(engine: EngineClient, specs: list[RequestSpec], *, max_concur
             tracer.idle_point()
         if gpu_tracer is not None:
             gpu_tracer.idle_point()
-        host = {"anon_swap_bytes": anon_swap_bytes(pids),
-                "containers": dict(view.request_census(()).container_sizes),
+        census = view.request_census(())
+        host = {"anon_swap_bytes": anon_swap_bytes(pids), "containers": dict(census.container_sizes),
+                "caps": dict(census.container_caps),
                 "processes": {name: anon_swap_bytes([pid]) for name, pid in processes.items()}}
         if facts.tensor_parallel_size > 1:  # each rank walks its own process (worker.py's census)
             try:
